@@ -1,0 +1,19 @@
+"""workbench: run and study Gemma 3 inference on heterogeneous silicon (numpy, numba CPU, Vulkan, NPU).
+
+    import workbench as wb
+    model = wb.load("gemma3-270m")
+    engine = wb.Engine(model, backend="numpy")
+    print(engine.generate("The capital of France is", max_tokens=20).text)
+"""
+
+from __future__ import annotations
+
+from .models.config import ModelConfig
+from .models.model import Model
+from .models.registry import load
+from .runtime.engine import Engine, GenerationResult
+from .runtime.sampling import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = ["Engine", "GenerationResult", "Model", "ModelConfig", "SamplingParams", "__version__", "load"]

@@ -1,0 +1,63 @@
+"""Backend registry: names -> backend classes, loaded on demand, and the ``auto`` choice."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+from ..models.model import Model
+from .base import Backend, BackendUnavailableError, DeviceInfo, SeqSlice, Step, UnsupportedOpError
+
+# name -> "module:Class"; a backend module may raise BackendUnavailableError when its device is absent.
+REGISTRY: dict[str, str] = {
+    "numpy": "workbench.backends.numpy_ref:NumpyBackend",
+}
+ALL_NAMES = ("numpy", "cpu", "vulkan", "npu")
+AUTO_ORDER = ("vulkan", "cpu", "numpy")
+
+
+def backend_class(name: str) -> type[Backend]:
+    if name not in REGISTRY:
+        known = ", ".join([*REGISTRY, "auto"])
+        raise BackendUnavailableError(f"unknown or unavailable backend {name!r} (available: {known})")
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def auto_candidates() -> list[str]:
+    return [n for n in AUTO_ORDER if n in REGISTRY]
+
+
+def make_backend(name: str, model: Model, **options: Any) -> Backend:
+    """Create backend ``name`` for ``model``. ``auto`` takes the fastest that works here, and says which."""
+    if name != "auto":
+        return backend_class(name)(model, **options)
+    errors = []
+    for cand in auto_candidates():
+        try:
+            backend = backend_class(cand)(model, **options.get(cand, {}))
+        except BackendUnavailableError as e:
+            errors.append(f"{cand}: {e}")
+            continue
+        if getattr(backend, "auto_acceptable", True):
+            if errors:
+                print(f"workbench: backend auto -> {cand} ({'; '.join(errors)})", file=sys.stderr)
+            return backend
+        errors.append(f"{cand}: {backend.device.name} is a CPU driver, slower than the cpu backend")
+        backend.close()
+    raise BackendUnavailableError("no backend available: " + "; ".join(errors))
+
+
+__all__ = [
+    "ALL_NAMES",
+    "REGISTRY",
+    "Backend",
+    "BackendUnavailableError",
+    "DeviceInfo",
+    "SeqSlice",
+    "Step",
+    "UnsupportedOpError",
+    "backend_class",
+    "make_backend",
+]

@@ -1,0 +1,124 @@
+"""The numpy reference backend: runs each op with :mod:`workbench.ops.reference` in float32.
+
+Weights are dequantized to float32 on first use and kept (the oracle favours clarity over memory).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..models.model import Model
+from ..ops import reference as ref
+from ..ops.graph import Graph, Op
+from ..runtime.kv_cache import KVCache
+from .base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+
+Env = dict[str, np.ndarray]
+Kernel = Callable[["NumpyBackend", Op, Env, Step], None]
+
+
+def _embed(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    rows = b.model.weights[op.weights[0]].dequantize_rows(env[op.inputs[0]])
+    env[op.outputs[0]] = ref.embed(rows, op.attrs["scale"])
+
+
+def _rmsnorm(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref.rmsnorm(env[op.inputs[0]], b.weight(op.weights[0]), op.attrs["eps"], op.attr("group"))
+
+
+def _matmul(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref.matmul(env[op.inputs[0]], b.weight(op.weights[0]))
+
+
+def _rope(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    a = op.attrs
+    env[op.outputs[0]] = ref.rope(env[op.inputs[0]], env[op.inputs[1]], a["n_heads"], a["head_dim"], a["base"],
+                                  a.get("scale", 1.0))  # fmt: skip
+
+
+def _attention(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    a = op.attrs
+    q, k, v, pos = (env[n] for n in op.inputs)
+    out = np.empty_like(q)
+    for s in step.seqs:
+        sl = slice(s.start, s.stop)
+        keys, vals, kpos = s.cache.layers[op.layer].append(pos[sl], k[sl], v[sl])
+        out[sl] = ref.attention(q[sl], keys, vals, pos[sl], kpos, a["n_heads"], a["n_kv_heads"], a["head_dim"],
+                                a["scale"], a.get("window", 0))  # fmt: skip
+    env[op.outputs[0]] = out
+
+
+def _gelu_mul(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref.gelu_mul(env[op.inputs[0]], env[op.inputs[1]])
+
+
+def _add(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = env[op.inputs[0]] + env[op.inputs[1]]
+
+
+def _gather_rows(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = env[op.inputs[0]][env[op.inputs[1]]]
+
+
+def _softcap(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref.softcap(env[op.inputs[0]], op.attrs["cap"])
+
+
+KERNELS: dict[str, Kernel] = {
+    "embed": _embed,
+    "rmsnorm": _rmsnorm,
+    "matmul": _matmul,
+    "rope": _rope,
+    "attention": _attention,
+    "gelu_mul": _gelu_mul,
+    "add": _add,
+    "gather_rows": _gather_rows,
+    "softcap": _softcap,
+}
+
+
+class NumpyBackend(Backend):
+    """Reference execution in numpy float32."""
+
+    name = "numpy"
+
+    def __init__(self, model: Model):
+        super().__init__(model)
+        self._f32: dict[str, np.ndarray] = {}
+
+    @property
+    def device(self) -> DeviceInfo:
+        return DeviceInfo("numpy", platform.processor() or platform.machine(), "cpu", {"dtype": "float32"})
+
+    def supports(self, op: Op) -> bool:
+        return op.kind in KERNELS
+
+    def weight(self, name: str) -> np.ndarray:
+        w = self._f32.get(name)
+        if w is None:
+            w = self._f32[name] = self.model.weights[name].dequantize()
+        return w
+
+    def new_cache(self, max_len: int, slack: int = 0) -> KVCache:
+        return KVCache(self.model.config, max_len, slack)
+
+    def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
+        self.check_tokens(step)
+        env: Env = {"tokens": step.tokens, "positions": step.positions, "logit_rows": step.logit_rows}
+        for op in graph.ops:
+            kernel = KERNELS.get(op.kind)
+            if kernel is None:
+                raise UnsupportedOpError(f"numpy backend: op {op.name!r} has unsupported kind {op.kind!r}")
+            if observer is None:
+                kernel(self, op, env, step)
+            else:
+                t0 = time.perf_counter()
+                kernel(self, op, env, step)
+                observer.on_op(op, graph, step, time.perf_counter() - t0)
+        for s in step.seqs:
+            s.cache.length = int(step.positions[s.stop - 1]) + 1
+        return env[graph.outputs[0]]

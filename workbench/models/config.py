@@ -1,0 +1,276 @@
+"""Model configuration: one dataclass for Gemma 3, built from GGUF metadata, a Hugging Face config.json,
+or a named preset (270M to 27B) for synthetic models and projections."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("gemma3",)
+
+
+class UnsupportedModelError(ValueError):
+    """The model is not one this engine can run (the message names what it is)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and hyper-parameters of a Gemma 3 text model.
+
+    ``layer_types`` is derived from ``sliding_window_pattern`` unless given: layer ``i`` is global
+    (full attention) when ``(i + 1) % pattern == 0``.
+    """
+
+    name: str
+    n_layers: int
+    hidden: int
+    ffn: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int = 32768
+    rms_eps: float = 1e-6
+    rope_base_global: float = 1_000_000.0
+    rope_base_local: float = 10_000.0
+    rope_scale_global: float = 1.0  # linear RoPE scaling factor of the global layers
+    sliding_window: int = 512
+    sliding_window_pattern: int = 6
+    query_pre_attn_scalar: float = 256.0
+    final_logit_softcap: float | None = None
+    tie_embeddings: bool = True
+    arch: str = "gemma3"
+    layer_types: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise UnsupportedModelError(f"model config: {f} must be a positive integer, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise UnsupportedModelError(
+                f"model config: {self.n_heads} query heads is not a multiple of {self.n_kv_heads} KV heads"
+            )
+        if self.head_dim % 2:
+            raise UnsupportedModelError(f"model config: head_dim {self.head_dim} must be even for RoPE")
+        if not self.layer_types:
+            p = self.sliding_window_pattern
+            types = tuple("global" if p <= 1 or (i + 1) % p == 0 else "sliding" for i in range(self.n_layers))
+            object.__setattr__(self, "layer_types", types)
+        elif len(self.layer_types) != self.n_layers or set(self.layer_types) - {"global", "sliding"}:
+            raise UnsupportedModelError("model config: layer_types must list 'global'/'sliding' for every layer")
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.hidden)
+
+    @property
+    def attn_scale(self) -> float:
+        return self.query_pre_attn_scalar**-0.5
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.layer_types[layer] == "sliding"
+
+    def rope_base(self, layer: int) -> float:
+        return self.rope_base_local if self.is_sliding(layer) else self.rope_base_global
+
+    def rope_scale(self, layer: int) -> float:
+        return 1.0 if self.is_sliding(layer) else self.rope_scale_global
+
+    def n_params(self) -> int:
+        """Parameter count (tied embedding counted once)."""
+        attn = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden + 2 * self.head_dim
+        mlp = 3 * self.hidden * self.ffn
+        norms = 4 * self.hidden
+        per_layer = attn + mlp + norms
+        head = 0 if self.tie_embeddings else self.vocab_size * self.hidden
+        return self.n_layers * per_layer + self.vocab_size * self.hidden + self.hidden + head
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layer_types"] = list(self.layer_types)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        if "layer_types" in kw:
+            kw["layer_types"] = tuple(kw["layer_types"])
+        return cls(**kw)
+
+    # -- sources ---------------------------------------------------------------------------------
+    @classmethod
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], name: str = "") -> ModelConfig:
+        """Config from GGUF metadata, completed with the Gemma 3 facts GGUF files do not store."""
+        arch = meta.get("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+
+        def req(key: str) -> Any:
+            full = f"{arch}.{key}"
+            if full not in meta:
+                raise UnsupportedModelError(f"GGUF metadata key {full!r} is missing")
+            return meta[full]
+
+        n_heads = int(req("attention.head_count"))
+        hidden = int(req("embedding_length"))
+        head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // n_heads))
+        n_layers = int(req("block_count"))
+        tokens = meta.get("tokenizer.ggml.tokens")
+        vocab = len(tokens) if tokens is not None else int(meta.get(f"{arch}.vocab_size", 262144))
+        scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+        scale = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+        # Gemma 3 27B scales queries by hidden/heads; every other size by head_dim (as llama.cpp does).
+        qpas = hidden / n_heads if (n_layers, hidden) == (62, 5376) else head_dim
+        return cls(
+            name=name or str(meta.get("general.name", "gemma3")),
+            n_layers=n_layers,
+            hidden=hidden,
+            ffn=int(req("feed_forward_length")),
+            n_heads=n_heads,
+            n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
+            head_dim=head_dim,
+            vocab_size=vocab,
+            context_length=int(meta.get(f"{arch}.context_length", 32768)),
+            rms_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_base_global=float(meta.get(f"{arch}.rope.freq_base", 1_000_000.0)),
+            rope_scale_global=scale,
+            sliding_window=int(meta.get(f"{arch}.attention.sliding_window", 512)),
+            query_pre_attn_scalar=float(qpas),
+            final_logit_softcap=meta.get(f"{arch}.final_logit_softcapping"),
+        )
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelConfig:
+        """Config from a Hugging Face ``config.json`` (``gemma3_text``, or ``gemma3`` with a text_config)."""
+        model_type = cfg.get("model_type")
+        if model_type == "gemma3" and "text_config" in cfg:
+            cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
+            model_type = "gemma3_text"
+        if model_type != "gemma3_text":
+            raise UnsupportedModelError(
+                f"unsupported architecture {model_type!r} in config.json (supported: gemma3_text, gemma3)"
+            )
+        try:
+            n_layers = int(cfg["num_hidden_layers"])
+            hidden = int(cfg["hidden_size"])
+            n_heads = int(cfg["num_attention_heads"])
+            ffn = int(cfg["intermediate_size"])
+        except KeyError as e:
+            raise UnsupportedModelError(f"config.json lacks {e.args[0]!r}") from None
+        head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+        rope_global, rope_local, scale = _hf_rope(cfg)
+        layer_types = cfg.get("layer_types")
+        lt: tuple[str, ...] = ()
+        if layer_types:
+            lt = tuple("sliding" if t == "sliding_attention" else "global" for t in layer_types)
+        return cls(
+            name=name or str(cfg.get("_name_or_path") or "gemma3"),
+            n_layers=n_layers,
+            hidden=hidden,
+            ffn=ffn,
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
+            head_dim=head_dim,
+            vocab_size=int(cfg.get("vocab_size", 262144)),
+            context_length=int(cfg.get("max_position_embeddings", 32768)),
+            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_base_global=rope_global,
+            rope_base_local=rope_local,
+            rope_scale_global=scale,
+            sliding_window=int(cfg.get("sliding_window") or 512),
+            sliding_window_pattern=int(cfg.get("sliding_window_pattern") or 6),
+            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or head_dim),
+            final_logit_softcap=cfg.get("final_logit_softcapping"),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            layer_types=lt,
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """A ``config.json`` for this model as transformers' ``Gemma3ForCausalLM`` reads it."""
+        rope_scaling = {"rope_type": "linear", "factor": self.rope_scale_global} if self.rope_scale_global != 1 else None
+        return {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "hidden_size": self.hidden,
+            "intermediate_size": self.ffn,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.context_length,
+            "rms_norm_eps": self.rms_eps,
+            "rope_theta": self.rope_base_global,
+            "rope_local_base_freq": self.rope_base_local,
+            "rope_scaling": rope_scaling,
+            "sliding_window": self.sliding_window,
+            "layer_types": ["sliding_attention" if t == "sliding" else "full_attention" for t in self.layer_types],
+            "query_pre_attn_scalar": self.query_pre_attn_scalar,
+            "final_logit_softcapping": self.final_logit_softcap,
+            "attn_logit_softcapping": None,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": self.tie_embeddings,
+            "torch_dtype": "float32",
+            "bos_token_id": 2,
+            "eos_token_id": [1, 106],
+            "pad_token_id": 0,
+        }
+
+    def with_(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (derived layer types recomputed unless given)."""
+        if "layer_types" not in changes and {"n_layers", "sliding_window_pattern"} & set(changes):
+            changes["layer_types"] = ()
+        return replace(self, **changes)
+
+
+def _hf_rope(cfg: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(global base, local base, global linear scale) from either rope convention of transformers."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and "full_attention" in params:
+        full, slide = params["full_attention"], params.get("sliding_attention", {})
+        scale = float(full.get("factor", 1.0)) if full.get("rope_type") == "linear" else 1.0
+        return float(full.get("rope_theta", 1e6)), float(slide.get("rope_theta", 1e4)), scale
+    scaling = cfg.get("rope_scaling") or {}
+    scale = float(scaling.get("factor", 1.0)) if scaling.get("rope_type", scaling.get("type")) == "linear" else 1.0
+    return float(cfg.get("rope_theta", 1e6)), float(cfg.get("rope_local_base_freq", 1e4)), scale
+
+
+def _preset(name, n_layers, hidden, ffn, n_heads, n_kv, head_dim, window, ctx, scale, qpas, vocab) -> ModelConfig:
+    return ModelConfig(
+        name=name, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads, n_kv_heads=n_kv,
+        head_dim=head_dim, vocab_size=vocab, context_length=ctx, sliding_window=window,
+        rope_scale_global=scale, query_pre_attn_scalar=qpas,
+    )  # fmt: skip
+
+
+# Published Gemma 3 text configurations (Hugging Face config.json of each size).
+PRESETS: dict[str, ModelConfig] = {
+    "gemma3-270m": _preset("gemma3-270m", 18, 640, 2048, 4, 1, 256, 512, 32768, 1.0, 256, 262144),
+    "gemma3-1b": _preset("gemma3-1b", 26, 1152, 6912, 4, 1, 256, 512, 32768, 1.0, 256, 262144),
+    "gemma3-4b": _preset("gemma3-4b", 34, 2560, 10240, 8, 4, 256, 1024, 131072, 8.0, 256, 262208),
+    "gemma3-12b": _preset("gemma3-12b", 48, 3840, 15360, 16, 8, 256, 1024, 131072, 8.0, 256, 262208),
+    "gemma3-27b": _preset("gemma3-27b", 62, 5376, 21504, 32, 16, 128, 1024, 131072, 8.0, 168, 262208),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """A named preset, e.g. ``gemma3-27b``; the error lists the known names."""
+    key = name.lower()
+    if key not in PRESETS:
+        raise UnsupportedModelError(f"unknown model config {name!r} (known: {', '.join(PRESETS)})")
+    return PRESETS[key]

@@ -1,0 +1,101 @@
+"""Gemma 3 forward step as a graph of named ops (the single description of the model)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..ops.graph import Graph, Op, TensorSpec, WeightSpec
+from .config import ModelConfig
+from .weights import MissingTensorError
+
+
+def required_weights(config: ModelConfig) -> list[str]:
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(config.n_layers):
+        names += [f"blk.{i}.{n}.weight" for n in (
+            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+            "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")]  # fmt: skip
+    if not config.tie_embeddings:
+        names.append("output.weight")
+    return names
+
+
+def build_graph(config: ModelConfig, weights: Mapping[str, WeightSpec], n_tokens: int, n_logits: int) -> Graph:
+    """The forward step for ``n_tokens`` tokens with logits for ``n_logits`` of them.
+
+    Step inputs: ``tokens`` (T,), ``positions`` (T,), ``logit_rows`` (R,) indices into the T tokens.
+    Output: ``logits`` (R, vocab). Attention ops read and extend the KV cache of their layer (``op.layer``).
+    """
+    if n_tokens < 1 or not 1 <= n_logits <= n_tokens:
+        raise ValueError(f"a step needs 1 <= n_logits ({n_logits}) <= n_tokens ({n_tokens})")
+    missing = [w for w in required_weights(config) if w not in weights]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise MissingTensorError(f"model is missing tensor {missing[0]!r}{more}")
+    c, t = config, n_tokens
+    ops: list[Op] = []
+    tensors: dict[str, TensorSpec] = {}
+
+    def act(name: str, cols: int, rows: int = t) -> str:
+        tensors[name] = TensorSpec((rows, cols))
+        return name
+
+    def add(name, kind, inputs, outputs, weights=(), layer=None, **attrs):
+        ops.append(Op(name, kind, tuple(inputs), tuple(outputs), tuple(weights), attrs, layer))
+
+    x = act("x.embed", c.hidden)
+    add("embed", "embed", ["tokens"], [x], ["token_embd.weight"], scale=c.embed_scale)
+    for i in range(c.n_layers):
+        p = f"blk.{i}"
+        w = lambda n, p=p: f"{p}.{n}.weight"  # noqa: E731
+        norm = dict(eps=c.rms_eps)
+        h = act(f"{p}.attn_in", c.hidden)
+        add(f"{p}.attn_norm", "rmsnorm", [x], [h], [w("attn_norm")], i, **norm)
+        q, k, v = act(f"{p}.q", c.q_dim), act(f"{p}.k", c.kv_dim), act(f"{p}.v", c.kv_dim)
+        add(f"{p}.attn_q", "matmul", [h], [q], [w("attn_q")], i)
+        add(f"{p}.attn_k", "matmul", [h], [k], [w("attn_k")], i)
+        add(f"{p}.attn_v", "matmul", [h], [v], [w("attn_v")], i)
+        qn, kn = act(f"{p}.q_normed", c.q_dim), act(f"{p}.k_normed", c.kv_dim)
+        add(f"{p}.attn_q_norm", "rmsnorm", [q], [qn], [w("attn_q_norm")], i, group=c.head_dim, **norm)
+        add(f"{p}.attn_k_norm", "rmsnorm", [k], [kn], [w("attn_k_norm")], i, group=c.head_dim, **norm)
+        rope = dict(head_dim=c.head_dim, base=c.rope_base(i), scale=c.rope_scale(i))
+        qr, kr = act(f"{p}.q_rope", c.q_dim), act(f"{p}.k_rope", c.kv_dim)
+        add(f"{p}.rope_q", "rope", [qn, "positions"], [qr], (), i, n_heads=c.n_heads, **rope)
+        add(f"{p}.rope_k", "rope", [kn, "positions"], [kr], (), i, n_heads=c.n_kv_heads, **rope)
+        o = act(f"{p}.attn_out", c.q_dim)
+        add(f"{p}.attn", "attention", [qr, kr, v, "positions"], [o], (), i, n_heads=c.n_heads,
+            n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, scale=c.attn_scale,
+            window=c.sliding_window if c.is_sliding(i) else 0)  # fmt: skip
+        a = act(f"{p}.attn_proj", c.hidden)
+        add(f"{p}.attn_output", "matmul", [o], [a], [w("attn_output")], i)
+        an = act(f"{p}.attn_post", c.hidden)
+        add(f"{p}.post_attention_norm", "rmsnorm", [a], [an], [w("post_attention_norm")], i, **norm)
+        x_mid = act(f"{p}.x_attn", c.hidden)
+        add(f"{p}.attn_residual", "add", [x, an], [x_mid], (), i)
+        h2 = act(f"{p}.ffn_in", c.hidden)
+        add(f"{p}.ffn_norm", "rmsnorm", [x_mid], [h2], [w("ffn_norm")], i, **norm)
+        g, u = act(f"{p}.gate", c.ffn), act(f"{p}.up", c.ffn)
+        add(f"{p}.ffn_gate", "matmul", [h2], [g], [w("ffn_gate")], i)
+        add(f"{p}.ffn_up", "matmul", [h2], [u], [w("ffn_up")], i)
+        f = act(f"{p}.ffn_act", c.ffn)
+        add(f"{p}.ffn_act", "gelu_mul", [g, u], [f], (), i)
+        d = act(f"{p}.ffn_proj", c.hidden)
+        add(f"{p}.ffn_down", "matmul", [f], [d], [w("ffn_down")], i)
+        dn = act(f"{p}.ffn_post", c.hidden)
+        add(f"{p}.post_ffw_norm", "rmsnorm", [d], [dn], [w("post_ffw_norm")], i, **norm)
+        x = act(f"{p}.x_out", c.hidden)
+        add(f"{p}.ffn_residual", "add", [x_mid, dn], [x], (), i)
+    xr = act("x.rows", c.hidden, n_logits)
+    add("gather_rows", "gather_rows", [x, "logit_rows"], [xr])
+    xn = act("x.final", c.hidden, n_logits)
+    add("output_norm", "rmsnorm", [xr], [xn], ["output_norm.weight"], eps=c.rms_eps)
+    head = "token_embd.weight" if c.tie_embeddings else "output.weight"
+    logits = act("logits", c.vocab_size, n_logits)
+    if c.final_logit_softcap:
+        raw = act("logits.raw", c.vocab_size, n_logits)
+        add("lm_head", "matmul", [xn], [raw], [head])
+        add("logit_softcap", "softcap", [raw], [logits], (), cap=float(c.final_logit_softcap))
+    else:
+        add("lm_head", "matmul", [xn], [logits], [head])
+    used = {wn for op in ops for wn in op.weights}
+    return Graph(c, n_tokens, n_logits, ops, tensors, {k: weights[k] for k in used})

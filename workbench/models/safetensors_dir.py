@@ -1,0 +1,164 @@
+"""Hugging Face model directories: ``config.json`` + ``model.safetensors`` (or a sharded index).
+
+Files are memory-mapped and tensors are read when first used. The safetensors header is validated
+before use: its size, JSON, dtypes, shapes and data offsets must agree with the file, so a lying header
+raises :class:`SafetensorsError` instead of reading out of bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ..quant.formats import GGMLType
+from .config import ModelConfig, UnsupportedModelError
+from .weights import QTensor
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+_DTYPES = {"F32": (GGMLType.F32, 4), "F16": (GGMLType.F16, 2), "BF16": (GGMLType.BF16, 2)}
+
+
+class SafetensorsError(ValueError):
+    """A safetensors file or index is invalid (the message says which and why)."""
+
+
+def read_header(path: Path) -> tuple[dict, int, int]:
+    """(tensor entries, data start offset, file size) of one safetensors file, validated."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise SafetensorsError(f"{path}: too short to be a safetensors file ({size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            raise SafetensorsError(f"{path}: header length {n} is impossible for a file of {size} bytes")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SafetensorsError(f"{path}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: header is not a JSON object")
+    header.pop("__metadata__", None)
+    start, data_size = 8 + n, size - 8 - n
+    spans = []
+    for name, e in header.items():
+        try:
+            dtype, shape, (lo, hi) = e["dtype"], [int(d) for d in e["shape"]], e["data_offsets"]
+            lo, hi = int(lo), int(hi)
+        except (KeyError, TypeError, ValueError):
+            raise SafetensorsError(f"{path}: header entry {name!r} is malformed") from None
+        if dtype not in _DTYPES:
+            raise SafetensorsError(f"{path}: tensor {name!r} has dtype {dtype} (supported: F32, F16, BF16)")
+        if any(d < 0 for d in shape):
+            raise SafetensorsError(f"{path}: tensor {name!r} has a negative dimension {shape}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][1]
+        if not 0 <= lo <= hi <= data_size or hi - lo != nbytes:
+            raise SafetensorsError(
+                f"{path}: tensor {name!r} claims bytes {lo}..{hi} for shape {shape} {dtype} ({nbytes} bytes) "
+                f"but the data section has {data_size} bytes: the header lies"
+            )
+        spans.append((lo, hi, name))
+    spans.sort()
+    for (lo1, hi1, n1), (lo2, _, n2) in zip(spans, spans[1:]):
+        if lo2 < hi1:
+            raise SafetensorsError(f"{path}: tensors {n1!r} and {n2!r} overlap in the file")
+    return header, start, size
+
+
+# Hugging Face Gemma 3 names -> GGUF names; True where the tensor is an RMSNorm weight (stored as w, used as 1+w)
+_LAYER_MAP = {
+    "self_attn.q_proj.weight": ("attn_q.weight", False),
+    "self_attn.k_proj.weight": ("attn_k.weight", False),
+    "self_attn.v_proj.weight": ("attn_v.weight", False),
+    "self_attn.o_proj.weight": ("attn_output.weight", False),
+    "self_attn.q_norm.weight": ("attn_q_norm.weight", True),
+    "self_attn.k_norm.weight": ("attn_k_norm.weight", True),
+    "input_layernorm.weight": ("attn_norm.weight", True),
+    "post_attention_layernorm.weight": ("post_attention_norm.weight", True),
+    "pre_feedforward_layernorm.weight": ("ffn_norm.weight", True),
+    "post_feedforward_layernorm.weight": ("post_ffw_norm.weight", True),
+    "mlp.gate_proj.weight": ("ffn_gate.weight", False),
+    "mlp.up_proj.weight": ("ffn_up.weight", False),
+    "mlp.down_proj.weight": ("ffn_down.weight", False),
+}
+_TOP_MAP = {
+    "embed_tokens.weight": ("token_embd.weight", False),
+    "norm.weight": ("output_norm.weight", True),
+}
+_PREFIX = re.compile(r"^(?:model\.language_model\.|language_model\.model\.|model\.)")
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+def gguf_name(hf_name: str) -> tuple[str, bool] | None:
+    """(GGUF name, is-norm) of a Hugging Face tensor name, or None for tensors the text model does not use."""
+    if hf_name == "lm_head.weight":
+        return "output.weight", False
+    name = _PREFIX.sub("", hf_name)
+    if name in _TOP_MAP:
+        return _TOP_MAP[name]
+    m = _LAYER.match(name)
+    if m and m.group(2) in _LAYER_MAP:
+        target, is_norm = _LAYER_MAP[m.group(2)]
+        return f"blk.{m.group(1)}.{target}", is_norm
+    return None
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SafetensorsError(f"{index}: invalid index ({e})") from None
+        files = []
+        for f in dict.fromkeys(weight_map.values()):
+            p = (path / f).resolve()
+            if p.parent != path.resolve():
+                raise SafetensorsError(f"{index}: shard {f!r} is outside the model directory")
+            if not p.exists():
+                raise SafetensorsError(f"{index}: shard {f!r} is missing")
+            files.append(p)
+        return files
+    single = path / "model.safetensors"
+    if single.exists():
+        return [single]
+    found = sorted(path.glob("*.safetensors"))
+    if not found:
+        raise SafetensorsError(f"{path}: no model.safetensors, index or *.safetensors files")
+    return found
+
+
+def _loader(mm: np.memmap, lo: int, hi: int):
+    return lambda: mm[lo:hi]
+
+
+def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
+    """Config and lazily loaded tensors (GGUF names) of a Hugging Face Gemma 3 directory."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise UnsupportedModelError(f"{path}: no config.json (not a Hugging Face model directory)")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise UnsupportedModelError(f"{cfg_file}: invalid JSON ({e})") from None
+    config = ModelConfig.from_hf_config(cfg, name=path.name)
+    tensors: dict[str, QTensor] = {}
+    for file in _shard_files(path):
+        header, start, _ = read_header(file)
+        mm = np.memmap(file, dtype=np.uint8, mode="r")
+        for hf_name, e in header.items():
+            mapped = gguf_name(hf_name)
+            if mapped is None:
+                continue
+            name, is_norm = mapped
+            qtype, _ = _DTYPES[e["dtype"]]
+            lo, hi = (start + int(x) for x in e["data_offsets"])
+            shape = tuple(int(d) for d in e["shape"]) or (1,)
+            tensors[name] = QTensor(name, qtype, shape, _loader(mm, lo, hi), 1.0 if is_norm else 0.0)
+    return config, tensors

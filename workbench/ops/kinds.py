@@ -1,0 +1,128 @@
+"""Op kinds: what each computes (see :mod:`workbench.ops.reference`) and what it costs in FLOPs and bytes.
+
+Costs count the arithmetic of the reference semantics and the bytes an ideal kernel must move: weights
+in their stored format (quant blocks included), activations in float32, the KV cache as stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .graph import Graph, Op
+
+F32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Cost:
+    flops: float
+    bytes_read: float
+    bytes_written: float
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.bytes_read + other.bytes_read, self.bytes_written + other.bytes_written)
+
+
+def visible_keys(positions: np.ndarray, window: int) -> int:
+    """Sum over queries of the keys each one attends to (causal, optional sliding window)."""
+    seen = positions.astype(np.int64) + 1
+    if window:
+        seen = np.minimum(seen, window)
+    return int(seen.sum())
+
+
+def _numel(graph: Graph, name: str) -> int:
+    return int(np.prod(graph.tensors[name].shape, dtype=np.int64)) if name in graph.tensors else 0
+
+
+def _act_bytes(graph: Graph, names) -> int:
+    return sum(graph.tensors[n].nbytes for n in names if n in graph.tensors)
+
+
+def _weights_bytes(graph: Graph, op: Op) -> int:
+    return sum(graph.weights[w].nbytes for w in op.weights)
+
+
+def _elementwise(flops_per_elem: float) -> Callable[[Op, Graph, np.ndarray], Cost]:
+    def cost(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+        n = _numel(graph, op.outputs[0])
+        return Cost(flops_per_elem * n, _act_bytes(graph, op.inputs) + _weights_bytes(graph, op),
+                    _act_bytes(graph, op.outputs))  # fmt: skip
+
+    return cost
+
+
+def _embed(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    w = graph.weights[op.weights[0]]
+    rows = graph.n_tokens
+    return Cost(_numel(graph, op.outputs[0]), rows * w.nbytes / w.shape[0] + rows * 4,
+                _act_bytes(graph, op.outputs))  # fmt: skip
+
+
+def _matmul(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    """x (T, K) times one or more weights (N_i, K): fused projections list several weights."""
+    x = graph.tensors[op.inputs[0]]
+    t, k = x.shape
+    n = sum(graph.weights[w].shape[0] for w in op.weights)
+    return Cost(2.0 * t * n * k, _act_bytes(graph, op.inputs) + _weights_bytes(graph, op), _act_bytes(graph, op.outputs))
+
+
+def _attention(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    a = op.attrs
+    keys = visible_keys(positions, a.get("window", 0))
+    hd, nh, nkv = a["head_dim"], a["n_heads"], a["n_kv_heads"]
+    flops = 4.0 * keys * nh * hd + 5.0 * keys * nh  # QK^T, PV, and softmax
+    # each query reads the visible part of the cache once per KV head group (ideal kernel: once per KV head)
+    cache_read = keys * nkv * hd * 2 * a.get("cache_bytes", F32_BYTES)
+    new_kv = 2 * graph.n_tokens * nkv * hd * a.get("cache_bytes", F32_BYTES)
+    return Cost(flops, _act_bytes(graph, op.inputs) + cache_read, _act_bytes(graph, op.outputs) + new_kv)
+
+
+@dataclass(frozen=True)
+class OpKind:
+    name: str
+    doc: str
+    cost: Callable[[Op, Graph, np.ndarray], Cost]
+
+
+KINDS: dict[str, OpKind] = {
+    k.name: k
+    for k in [
+        OpKind("embed", "token embedding lookup times sqrt(hidden)", _embed),
+        OpKind("rmsnorm", "RMSNorm with (1+w) weights, over the row or over each head", _elementwise(4)),
+        OpKind("matmul", "x @ W.T with W in its stored format", _matmul),
+        OpKind("rope", "rotary position embedding (rotate-half)", _elementwise(3)),
+        OpKind("attention", "causal GQA attention over the KV cache (sliding window on local layers)", _attention),
+        OpKind("gelu_mul", "gelu_tanh(gate) * up", _elementwise(10)),
+        OpKind("add", "residual add", _elementwise(1)),
+        OpKind("gather_rows", "select the rows that need logits", _elementwise(0)),
+        OpKind("softcap", "tanh soft-capping of logits", _elementwise(3)),
+    ]
+}
+
+
+def register_kind(kind: OpKind) -> None:
+    """Add an op kind (fused kinds are registered by the rewrites that create them)."""
+    KINDS[kind.name] = kind
+
+
+def op_cost(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    try:
+        kind = KINDS[op.kind]
+    except KeyError:
+        raise ValueError(f"op {op.name!r}: unknown op kind {op.kind!r}") from None
+    return kind.cost(op, graph, positions)
+
+
+def step_cost(graph: Graph, positions: np.ndarray) -> Cost:
+    total = Cost(0.0, 0.0, 0.0)
+    for op in graph.ops:
+        total = total + op_cost(op, graph, positions)
+    return total

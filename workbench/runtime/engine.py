@@ -1,0 +1,224 @@
+"""The engine: prefill and decode with a KV cache on one backend, sampling, streaming and timing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backends import Backend, Step, make_backend
+from ..backends.base import OpObserver
+from ..models.model import Model
+from .kv_cache import ContextLimitError
+from .sampling import SamplingParams, make_sampler
+
+
+@dataclass
+class GenerationResult:
+    """One generation: ids, text, why it stopped, and how fast each phase ran (measured, host wall time)."""
+
+    input_ids: list[int]
+    output_ids: list[int]
+    text: str
+    finish_reason: str
+    backend: str
+    device: str
+    prefill_s: float
+    decode_s: float
+    first_token_s: float
+    token_latencies_s: list[float] = field(default_factory=list)
+    top_logits: dict[str, list] | None = None
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return len(self.input_ids) / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens per second of the decode steps (the first token comes from prefill and is not counted)."""
+        n = len(self.token_latencies_s)
+        return n / self.decode_s if self.decode_s > 0 and n else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "input_ids": self.input_ids,
+            "output_ids": self.output_ids,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "backend": self.backend,
+            "device": self.device,
+            "prefill_tokens": len(self.input_ids),
+            "decode_tokens": len(self.token_latencies_s),
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "time_to_first_token_s": self.first_token_s,
+            "prefill_tok_s": self.prefill_tok_s,
+            "decode_tok_s": self.decode_tok_s,
+            "timing": "measured (host wall clock)",
+        }
+        if self.top_logits is not None:
+            d["top_logits"] = self.top_logits
+        return d
+
+
+@dataclass
+class SequenceState:
+    """A sequence being generated: its KV cache and its tokens so far."""
+
+    cache: Any
+    tokens: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Runs a model on a backend. ``backend`` is a name (``numpy``, ``cpu``, ``vulkan``, ``npu``, ``auto``)."""
+
+    def __init__(
+        self,
+        model: Model,
+        backend: str | Backend = "numpy",
+        *,
+        max_context: int | None = None,
+        prefill_chunk: int = 512,
+        observer: OpObserver | None = None,
+        **backend_options: Any,
+    ):
+        self.model = model
+        self.backend = backend if isinstance(backend, Backend) else make_backend(backend, model, **backend_options)
+        self.max_context = min(max_context or model.config.context_length, model.config.context_length)
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
+        self.observer = observer
+        self._step_index = 0
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def new_sequence(self, max_len: int | None = None, slack: int = 0) -> SequenceState:
+        return SequenceState(self.backend.new_cache(min(max_len or self.max_context, self.max_context), slack))
+
+    # -- forward ---------------------------------------------------------------------------------
+    def forward(self, seq: SequenceState, tokens: Sequence[int], logits: str = "last", phase: str | None = None) -> np.ndarray:
+        """Run ``tokens`` through the model after what ``seq`` holds; return logits (last row, or all rows)."""
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        seq.cache.check_room(len(tokens))
+        c = self.prefill_chunk
+        chunks = [tokens[i : i + c] for i in range(0, len(tokens), c)]
+        phase = phase or ("decode" if len(tokens) == 1 else "prefill")
+        outs = []
+        for j, chunk in enumerate(chunks):
+            out = self._run(seq, chunk, "all" if logits == "all" else "last", phase)
+            if logits == "all" or j == len(chunks) - 1:
+                outs.append(out)
+        return np.concatenate(outs) if logits == "all" else outs[-1][-1]
+
+    def _run(self, seq: SequenceState, chunk: list[int], logits: str, phase: str) -> np.ndarray:
+        step = Step.single(seq.cache, chunk, seq.cache.length, logits, phase, self._step_index)
+        graph = self.backend.prepare_graph(self.model.graph(step.n_tokens, len(step.logit_rows)))
+        out = self.backend.run(graph, step, self.observer)
+        self._step_index += 1
+        seq.tokens.extend(chunk)
+        return out
+
+    # -- generation ------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            text = self.tokenizer.chat_prompt(prompt) if chat else prompt
+            return self.tokenizer.encode(text)
+        return [int(t) for t in prompt]
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 64,
+        sampling: SamplingParams | None = None,
+        *,
+        chat: bool = False,
+        stop_ids: Sequence[int] | None = None,
+        top_logits: int = 0,
+        result: list[GenerationResult] | None = None,
+    ) -> Iterator[tuple[int, str]]:
+        """Yield ``(token id, new text)`` as tokens are generated; the final result is appended to ``result``."""
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        sampling = sampling or SamplingParams()
+        ids = self.encode_prompt(prompt, chat)
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens); give some text or enable BOS")
+        if len(ids) >= self.max_context:
+            raise ContextLimitError(
+                f"prompt of {len(ids)} tokens does not fit the context limit of {self.max_context} tokens"
+            )
+        stops = set(self.tokenizer.stop_ids if stop_ids is None else stop_ids)
+        sample = make_sampler(sampling)
+        seq = self.new_sequence()
+        decoder = self.tokenizer.stream()
+        t0 = time.perf_counter()
+        logits = self.forward(seq, ids)
+        prefill_s = time.perf_counter() - t0
+        top = None
+        if top_logits:
+            order = np.argsort(-logits, kind="stable")[:top_logits]
+            top = {"ids": order.tolist(), "logits": logits[order].astype(float).tolist()}
+        out: list[int] = []
+        latencies: list[float] = []
+        finish = "length"
+        first_token_s = 0.0
+        decode_s = 0.0
+        while len(out) < max_tokens:
+            tok = sample(logits, ids + out)
+            if not out:
+                first_token_s = time.perf_counter() - t0
+            out.append(tok)
+            if tok in stops:
+                finish = "stop"
+                break
+            text = decoder.push(tok)
+            if text:
+                yield tok, text
+            if len(out) >= max_tokens:
+                break
+            if seq.cache.length + 1 > seq.cache.max_len:
+                finish = "context"
+                break
+            ts = time.perf_counter()
+            logits = self.forward(seq, [tok], phase="decode")
+            dt = time.perf_counter() - ts
+            latencies.append(dt)
+            decode_s += dt
+        tail = decoder.flush()
+        if tail:
+            yield -1, tail
+        if result is not None:
+            dev = self.backend.device
+            text = self.tokenizer.decode([t for t in out if t not in stops])
+            result.append(GenerationResult(ids, out, text, finish, self.backend.name, dev.label(), prefill_s,
+                                           decode_s, first_token_s, latencies, top))  # fmt: skip
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 64,
+        sampling: SamplingParams | None = None,
+        *,
+        chat: bool = False,
+        on_text: Callable[[str], None] | None = None,
+        stop_ids: Sequence[int] | None = None,
+        top_logits: int = 0,
+    ) -> GenerationResult:
+        """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids); ``on_text`` receives text as it streams."""
+        result: list[GenerationResult] = []
+        for _, text in self.stream(prompt, max_tokens, sampling, chat=chat, stop_ids=stop_ids,
+                                   top_logits=top_logits, result=result):  # fmt: skip
+            if on_text is not None:
+                on_text(text)
+        return result[0]
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,107 @@
+"""Host KV cache: a growing buffer for global layers, a ring buffer of window size for sliding layers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..models.config import ModelConfig
+
+
+class ContextLimitError(ValueError):
+    """A sequence would exceed the context length."""
+
+
+class LayerKV:
+    """Keys and values of one layer for one sequence.
+
+    Global layers keep every position (grown in chunks up to ``max_len``). Sliding layers keep a ring of
+    ``window + slack`` slots, so their memory does not grow with context; ``slack`` allows rolling back
+    that many tokens (speculative decoding) without losing keys still inside the window.
+    """
+
+    def __init__(self, kv_dim: int, max_len: int, window: int = 0, slack: int = 0, dtype=np.float32):
+        self.kv_dim, self.max_len, self.window, self.dtype = kv_dim, max_len, window, np.dtype(dtype)
+        self.ring = window + slack if window else 0
+        cap = self.ring if window else min(max_len, 256)
+        self.keys = np.zeros((cap, kv_dim), self.dtype)
+        self.values = np.zeros((cap, kv_dim), self.dtype)
+        self.pos = np.full(cap, -1, np.int64)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.pos)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    def _grow(self, need: int) -> None:
+        cap = self.capacity
+        if need <= cap:
+            return
+        new = min(self.max_len, max(need, 2 * cap))
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            buf = np.zeros((new, self.kv_dim), self.dtype)
+            buf[:cap] = old
+            setattr(self, name, buf)
+        pos = np.full(new, -1, np.int64)
+        pos[:cap] = self.pos
+        self.pos = pos
+
+    def append(self, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Store keys/values at ``positions`` and return every key, value and position a query may see.
+
+        The returned keys include the new ones; older keys still in the cache come first.
+        """
+        first = int(positions[0])
+        if self.window:
+            held = (self.pos >= 0) & (self.pos < first) & (self.pos > first - self.window)
+            order = np.argsort(self.pos[held], kind="stable")
+            keys = np.concatenate([self.keys[held][order], k.astype(self.dtype)])
+            vals = np.concatenate([self.values[held][order], v.astype(self.dtype)])
+            kpos = np.concatenate([self.pos[held][order], positions.astype(np.int64)])
+            keep = slice(max(0, len(positions) - self.ring), len(positions))
+            slots = positions[keep] % self.ring
+            self.keys[slots], self.values[slots], self.pos[slots] = k[keep], v[keep], positions[keep]
+            return keys, vals, kpos
+        end = int(positions[-1]) + 1
+        self._grow(end)
+        self.keys[positions], self.values[positions], self.pos[positions] = k, v, positions
+        return self.keys[:end], self.values[:end], np.arange(end, dtype=np.int64)
+
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length."""
+        drop = self.pos >= length
+        self.pos[drop] = -1
+
+
+class KVCache:
+    """The KV cache of one sequence: one :class:`LayerKV` per layer and the number of tokens held."""
+
+    def __init__(self, config: ModelConfig, max_len: int, slack: int = 0, dtype=np.float32):
+        if max_len > config.context_length:
+            raise ContextLimitError(f"max_len {max_len} exceeds the model's context length {config.context_length}")
+        self.config, self.max_len = config, max_len
+        self.layers = [
+            LayerKV(config.kv_dim, max_len, config.sliding_window if config.is_sliding(i) else 0, slack, dtype)
+            for i in range(config.n_layers)
+        ]
+        self.length = 0
+
+    def check_room(self, n_new: int) -> None:
+        if self.length + n_new > self.max_len:
+            raise ContextLimitError(
+                f"sequence of {self.length + n_new} tokens exceeds the context limit of {self.max_len} tokens"
+            )
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
+        for layer in self.layers:
+            layer.truncate(length)
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
