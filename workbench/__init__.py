@@ -1,9 +1,9 @@
 """workbench: run and study Gemma 3 inference on heterogeneous silicon (numpy, numba CPU, Vulkan, NPU).
 
-    import workbench as wb
-    model = wb.load("gemma3-270m")
-    engine = wb.Engine(model, backend="numpy")
-    print(engine.generate("The capital of France is", max_tokens=20).text)
+import workbench as wb
+model = wb.load("gemma3-270m")
+engine = wb.Engine(model, backend="numpy")
+print(engine.generate("The capital of France is", max_tokens=20).text)
 """
 
 from __future__ import annotations

@@ -29,6 +29,22 @@ def auto_candidates() -> list[str]:
     return [n for n in AUTO_ORDER if n in REGISTRY]
 
 
+def probe_backends() -> list[dict[str, Any]]:
+    """For every backend name: whether it can run here, why not, and the devices it detects."""
+    rows = []
+    for name in ALL_NAMES:
+        if name not in REGISTRY:
+            rows.append(
+                {"backend": name, "available": False, "reason": "not part of this build yet", "devices": []}
+            )
+            continue
+        try:
+            rows.append({"backend": name, **backend_class(name).probe()})
+        except (BackendUnavailableError, ImportError, OSError) as e:
+            rows.append({"backend": name, "available": False, "reason": str(e), "devices": []})
+    return rows
+
+
 def make_backend(name: str, model: Model, **options: Any) -> Backend:
     """Create backend ``name`` for ``model``. ``auto`` takes the fastest that works here, and says which."""
     if name != "auto":
@@ -60,4 +76,5 @@ __all__ = [
     "UnsupportedOpError",
     "backend_class",
     "make_backend",
+    "probe_backends",
 ]

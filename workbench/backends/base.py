@@ -62,12 +62,20 @@ class Step:
         return len(self.tokens)
 
     @classmethod
-    def single(cls, cache: Any, tokens, start_pos: int, logits: str = "last", phase: str = "prefill",
+    def single(cls, cache: Any, tokens, start_pos: int, logits: str | np.ndarray = "last", phase: str = "prefill",
                index: int = 0) -> Step:  # fmt: skip
-        """A step of one sequence: ``tokens`` at positions ``start_pos...``; logits for the last or all tokens."""
+        """A step of one sequence: ``tokens`` at positions ``start_pos...``.
+
+        ``logits`` selects the rows that get logits: ``"last"``, ``"all"`` or an array of row indices.
+        """
         toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
         n = len(toks)
-        rows = np.arange(n, dtype=np.int32) if logits == "all" else np.array([n - 1], dtype=np.int32)
+        if isinstance(logits, str):
+            rows = np.arange(n, dtype=np.int32) if logits == "all" else np.array([n - 1], dtype=np.int32)
+        else:
+            rows = np.asarray(logits, dtype=np.int32).reshape(-1)
+            if len(rows) == 0 or rows.min() < 0 or rows.max() >= n:
+                raise ValueError(f"logit rows must be 1..{n} indices in 0..{n - 1}")
         pos = np.arange(start_pos, start_pos + n, dtype=np.int32)
         return cls(toks, pos, rows, [SeqSlice(cache, 0, n)], phase, index)
 
@@ -91,6 +99,11 @@ class Backend(ABC):
     @abstractmethod
     def device(self) -> DeviceInfo: ...
 
+    @classmethod
+    def probe(cls) -> dict[str, Any]:
+        """``{"available": bool, "devices": [...], "reason": str}`` without loading a model."""
+        return {"available": True, "devices": [], "reason": ""}
+
     def supports(self, op: Op) -> bool:
         """Whether this backend executes ``op`` itself."""
         return True
@@ -107,7 +120,7 @@ class Backend(ABC):
         """The graph this backend runs for a step shape (backends that fuse ops rewrite it here)."""
         return graph
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op is right for host backends)
         """Release device resources."""
 
     def check_tokens(self, step: Step) -> None:

@@ -5,12 +5,12 @@ Weights are dequantized to float32 on first use and kept (the oracle favours cla
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from ..hostinfo import host_cpu_name
 from ..models.model import Model
 from ..ops import reference as ref
 from ..ops.graph import Graph, Op
@@ -27,7 +27,9 @@ def _embed(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
 
 
 def _rmsnorm(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
-    env[op.outputs[0]] = ref.rmsnorm(env[op.inputs[0]], b.weight(op.weights[0]), op.attrs["eps"], op.attr("group"))
+    env[op.outputs[0]] = ref.rmsnorm(
+        env[op.inputs[0]], b.weight(op.weights[0]), op.attrs["eps"], op.attr("group")
+    )
 
 
 def _matmul(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
@@ -92,7 +94,12 @@ class NumpyBackend(Backend):
 
     @property
     def device(self) -> DeviceInfo:
-        return DeviceInfo("numpy", platform.processor() or platform.machine(), "cpu", {"dtype": "float32"})
+        return DeviceInfo("numpy", host_cpu_name(), "cpu", {"dtype": "float32"})
+
+    @classmethod
+    def probe(cls) -> dict:
+        return {"available": True, "reason": "",
+                "devices": [{"name": host_cpu_name(), "kind": "cpu", "numpy": np.__version__}]}  # fmt: skip
 
     def supports(self, op: Op) -> bool:
         return op.kind in KERNELS

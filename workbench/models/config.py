@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
+
 SUPPORTED_ARCHITECTURES = ("gemma3",)
 
 
@@ -45,7 +47,16 @@ class ModelConfig:
     layer_types: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        for f in ("n_layers", "hidden", "ffn", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length"):
+        for f in (
+            "n_layers",
+            "hidden",
+            "ffn",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "context_length",
+        ):
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
                 raise UnsupportedModelError(f"model config: {f} must be a positive integer, got {v!r}")
@@ -60,7 +71,9 @@ class ModelConfig:
             types = tuple("global" if p <= 1 or (i + 1) % p == 0 else "sliding" for i in range(self.n_layers))
             object.__setattr__(self, "layer_types", types)
         elif len(self.layer_types) != self.n_layers or set(self.layer_types) - {"global", "sliding"}:
-            raise UnsupportedModelError("model config: layer_types must list 'global'/'sliding' for every layer")
+            raise UnsupportedModelError(
+                "model config: layer_types must list 'global'/'sliding' for every layer"
+            )
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -136,6 +149,11 @@ class ModelConfig:
         scale = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
         # Gemma 3 27B scales queries by hidden/heads; every other size by head_dim (as llama.cpp does).
         qpas = hidden / n_heads if (n_layers, hidden) == (62, 5376) else head_dim
+        pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
+        layer_types: tuple[str, ...] = ()
+        if not isinstance(pattern, (int, np.integer)):  # per-layer flags: true = sliding
+            layer_types = tuple("sliding" if bool(f) else "global" for f in pattern)
+            pattern = 6
         return cls(
             name=name or str(meta.get("general.name", "gemma3")),
             n_layers=n_layers,
@@ -152,6 +170,8 @@ class ModelConfig:
             sliding_window=int(meta.get(f"{arch}.attention.sliding_window", 512)),
             query_pre_attn_scalar=float(qpas),
             final_logit_softcap=meta.get(f"{arch}.final_logit_softcapping"),
+            sliding_window_pattern=int(pattern),
+            layer_types=layer_types,
         )
 
     @classmethod
@@ -202,7 +222,9 @@ class ModelConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         """A ``config.json`` for this model as transformers' ``Gemma3ForCausalLM`` reads it."""
-        rope_scaling = {"rope_type": "linear", "factor": self.rope_scale_global} if self.rope_scale_global != 1 else None
+        rope_scaling = (
+            {"rope_type": "linear", "factor": self.rope_scale_global} if self.rope_scale_global != 1 else None
+        )
         return {
             "architectures": ["Gemma3ForCausalLM"],
             "model_type": "gemma3_text",
@@ -219,7 +241,9 @@ class ModelConfig:
             "rope_local_base_freq": self.rope_base_local,
             "rope_scaling": rope_scaling,
             "sliding_window": self.sliding_window,
-            "layer_types": ["sliding_attention" if t == "sliding" else "full_attention" for t in self.layer_types],
+            "layer_types": [
+                "sliding_attention" if t == "sliding" else "full_attention" for t in self.layer_types
+            ],
             "query_pre_attn_scalar": self.query_pre_attn_scalar,
             "final_logit_softcapping": self.final_logit_softcap,
             "attn_logit_softcapping": None,
@@ -246,11 +270,17 @@ def _hf_rope(cfg: Mapping[str, Any]) -> tuple[float, float, float]:
         scale = float(full.get("factor", 1.0)) if full.get("rope_type") == "linear" else 1.0
         return float(full.get("rope_theta", 1e6)), float(slide.get("rope_theta", 1e4)), scale
     scaling = cfg.get("rope_scaling") or {}
-    scale = float(scaling.get("factor", 1.0)) if scaling.get("rope_type", scaling.get("type")) == "linear" else 1.0
+    scale = (
+        float(scaling.get("factor", 1.0))
+        if scaling.get("rope_type", scaling.get("type")) == "linear"
+        else 1.0
+    )
     return float(cfg.get("rope_theta", 1e6)), float(cfg.get("rope_local_base_freq", 1e4)), scale
 
 
-def _preset(name, n_layers, hidden, ffn, n_heads, n_kv, head_dim, window, ctx, scale, qpas, vocab) -> ModelConfig:
+def _preset(
+    name, n_layers, hidden, ffn, n_heads, n_kv, head_dim, window, ctx, scale, qpas, vocab
+) -> ModelConfig:
     return ModelConfig(
         name=name, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, vocab_size=vocab, context_length=ctx, sliding_window=window,

@@ -20,7 +20,9 @@ def required_weights(config: ModelConfig) -> list[str]:
     return names
 
 
-def build_graph(config: ModelConfig, weights: Mapping[str, WeightSpec], n_tokens: int, n_logits: int) -> Graph:
+def build_graph(
+    config: ModelConfig, weights: Mapping[str, WeightSpec], n_tokens: int, n_logits: int
+) -> Graph:
     """The forward step for ``n_tokens`` tokens with logits for ``n_logits`` of them.
 
     Step inputs: ``tokens`` (T,), ``positions`` (T,), ``logit_rows`` (R,) indices into the T tokens.

@@ -169,7 +169,9 @@ class GGUFFile:
         cur.pos = 4
         self.version = cur.scalar("<I", "version")
         if self.version not in (2, 3):
-            raise GGUFError(f"{self.path}: unsupported GGUF version {self.version} (this reader knows 2 and 3)")
+            raise GGUFError(
+                f"{self.path}: unsupported GGUF version {self.version} (this reader knows 2 and 3)"
+            )
         n_tensors = cur.scalar("<Q", "tensor count")
         n_kv = cur.scalar("<Q", "metadata count")
         remaining = cur.size - cur.pos
@@ -229,20 +231,26 @@ class GGUFFile:
             if etype in _SCALARS:
                 dt = np.dtype(_SCALARS[etype][1])
                 if count > remaining // dt.itemsize:
-                    raise GGUFError(f"{self.path}: array {key!r} of {count} elements runs past the end of the file")
+                    raise GGUFError(
+                        f"{self.path}: array {key!r} of {count} elements runs past the end of the file"
+                    )
                 arr = np.frombuffer(cur.buf, dtype=dt, count=count, offset=cur.pos)
                 cur.pos += count * dt.itemsize
                 return arr.astype(bool) if etype == _BOOL else arr
             if etype == _STRING:
                 if count > remaining // 8:
-                    raise GGUFError(f"{self.path}: array {key!r} of {count} strings runs past the end of the file")
+                    raise GGUFError(
+                        f"{self.path}: array {key!r} of {count} strings runs past the end of the file"
+                    )
                 offsets, lengths = _string_spans(cur, count, key)
                 if count <= 64:  # small arrays are decoded now, the vocabulary on first use
                     return StringArray(cur.buf, offsets, lengths, key).tolist()
                 return StringArray(cur.buf, offsets, lengths, key)
             if etype == _ARRAY:
                 if count > remaining // 12:
-                    raise GGUFError(f"{self.path}: array {key!r} of {count} arrays runs past the end of the file")
+                    raise GGUFError(
+                        f"{self.path}: array {key!r} of {count} arrays runs past the end of the file"
+                    )
                 return [self._value(cur, _ARRAY, f"{key}[{i}]", depth + 1) for i in range(count)]
             raise GGUFError(f"{self.path}: metadata {key!r} has unknown element type {etype}")
         raise GGUFError(f"{self.path}: metadata {key!r} has unknown value type {vtype}")
@@ -265,7 +273,9 @@ class GGUFFile:
             qtype = GGMLType(type_id)
             block_format(qtype, name)
         except (ValueError, UnsupportedQuantError):
-            raise UnsupportedQuantError(f"{self.path}: tensor {name!r} has unknown GGML type id {type_id}") from None
+            raise UnsupportedQuantError(
+                f"{self.path}: tensor {name!r} has unknown GGML type id {type_id}"
+            ) from None
         rel = cur.scalar("<Q", f"offset of {name!r}")
         return name, qtype, tuple(reversed(ne)), rel
 

@@ -76,8 +76,7 @@ def load_gguf(path: str | Path, kind: str = "gguf", name: str = "") -> Model:
     gguf = GGUFFile(path)
     config = ModelConfig.from_gguf_metadata(gguf.metadata, name=name)
     tensors = {
-        n: QTensor(n, info.type, info.shape, _gguf_loader(gguf, n))
-        for n, info in gguf.tensors.items()
+        n: QTensor(n, info.type, info.shape, _gguf_loader(gguf, n)) for n, info in gguf.tensors.items()
     }
     return Model(config, Weights(tensors, str(path)), Tokenizer.from_gguf(gguf), str(path), kind)
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from ..paths import cache_dir
-
 from .config import UnsupportedModelError
 from .model import Model, load_gguf, load_hf
 

@@ -7,6 +7,7 @@ raises :class:`SafetensorsError` instead of reading out of bounds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import struct
@@ -64,7 +65,7 @@ def read_header(path: Path) -> tuple[dict, int, int]:
             )
         spans.append((lo, hi, name))
     spans.sort()
-    for (lo1, hi1, n1), (lo2, _, n2) in zip(spans, spans[1:]):
+    for (_lo1, hi1, n1), (lo2, _, n2) in itertools.pairwise(spans):
         if lo2 < hi1:
             raise SafetensorsError(f"{path}: tensors {n1!r} and {n2!r} overlap in the file")
     return header, start, size

@@ -75,8 +75,11 @@ def model_proto(
             _int_field(42, eos_id),
             _int_field(43, pad_id),
             # sentencepiece finds bos/eos/unk/pad by these names, not by the ids above
-            *(_bytes_field(f, (special_pieces or {}).get(k, "").encode("utf-8"))
-              for f, k in ((45, "unk"), (46, "bos"), (47, "eos"), (48, "pad")) if (special_pieces or {}).get(k)),
+            *(
+                _bytes_field(f, (special_pieces or {}).get(k, "").encode("utf-8"))
+                for f, k in ((45, "unk"), (46, "bos"), (47, "eos"), (48, "pad"))
+                if (special_pieces or {}).get(k)
+            ),
         ]
     )
     normalizer = b"".join(

@@ -89,7 +89,9 @@ class Tokenizer:
         b = self._bytes_cache.get(token_id)
         if b is None:
             if not 0 <= token_id < self.vocab_size:
-                raise TokenizerError(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+                raise TokenizerError(
+                    f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})"
+                )
             sp = self.sp
             piece = sp.id_to_piece(token_id)
             if sp.is_byte(token_id):
@@ -146,7 +148,9 @@ class Tokenizer:
         meta = gguf.metadata
         model = meta.get("tokenizer.ggml.model")
         if model != "llama":
-            raise TokenizerError(f"{gguf.path}: tokenizer model {model!r} is not supported (expected SPM 'llama')")
+            raise TokenizerError(
+                f"{gguf.path}: tokenizer model {model!r} is not supported (expected SPM 'llama')"
+            )
         tokens = meta.get("tokenizer.ggml.tokens")
         scores = meta.get("tokenizer.ggml.scores")
         types = meta.get("tokenizer.ggml.token_type")
@@ -154,7 +158,9 @@ class Tokenizer:
             raise TokenizerError(f"{gguf.path}: tokenizer tokens, scores or token types are missing")
         n = len(tokens)
         if len(scores) != n or len(types) != n:
-            raise TokenizerError(f"{gguf.path}: tokenizer arrays differ in length ({n}, {len(scores)}, {len(types)})")
+            raise TokenizerError(
+                f"{gguf.path}: tokenizer arrays differ in length ({n}, {len(scores)}, {len(types)})"
+            )
         ids = {k: int(meta.get(f"tokenizer.ggml.{k}_token_id", d)) for k, d in
                (("bos", 2), ("eos", 1), ("unknown", 3), ("padding", 0))}  # fmt: skip
         for k, v in ids.items():
@@ -191,7 +197,9 @@ class Tokenizer:
         add_bos = _hf_add_bos(path)
         model_file = path / "tokenizer.model"
         if model_file.exists():
-            return cls(_load_proto(model_file.read_bytes(), str(model_file)), add_bos=add_bos, source=str(model_file))
+            return cls(
+                _load_proto(model_file.read_bytes(), str(model_file)), add_bos=add_bos, source=str(model_file)
+            )
         json_file = path / "tokenizer.json"
         if json_file.exists():
             return cls(_load_proto(_proto_from_tokenizer_json(json_file), str(json_file)), add_bos=add_bos,
@@ -268,7 +276,9 @@ def _proto_from_tokenizer_json(path: Path) -> bytes:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise TokenizerError(f"{path}: not a tokenizer.json with a BPE vocabulary ({e})") from None
     if model.get("type") != "BPE":
-        raise TokenizerError(f"{path}: tokenizer model type {model.get('type')!r} is not supported (BPE only)")
+        raise TokenizerError(
+            f"{path}: tokenizer model type {model.get('type')!r} is not supported (BPE only)"
+        )
     n = max(vocab.values()) + 1
     pieces = [""] * n
     for piece, i in vocab.items():

@@ -27,7 +27,11 @@ class Cost:
         return self.bytes_read + self.bytes_written
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.flops + other.flops, self.bytes_read + other.bytes_read, self.bytes_written + other.bytes_written)
+        return Cost(
+            self.flops + other.flops,
+            self.bytes_read + other.bytes_read,
+            self.bytes_written + other.bytes_written,
+        )
 
 
 def visible_keys(positions: np.ndarray, window: int) -> int:
@@ -71,7 +75,11 @@ def _matmul(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     x = graph.tensors[op.inputs[0]]
     t, k = x.shape
     n = sum(graph.weights[w].shape[0] for w in op.weights)
-    return Cost(2.0 * t * n * k, _act_bytes(graph, op.inputs) + _weights_bytes(graph, op), _act_bytes(graph, op.outputs))
+    return Cost(
+        2.0 * t * n * k,
+        _act_bytes(graph, op.inputs) + _weights_bytes(graph, op),
+        _act_bytes(graph, op.outputs),
+    )
 
 
 def _attention(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
@@ -99,7 +107,9 @@ KINDS: dict[str, OpKind] = {
         OpKind("rmsnorm", "RMSNorm with (1+w) weights, over the row or over each head", _elementwise(4)),
         OpKind("matmul", "x @ W.T with W in its stored format", _matmul),
         OpKind("rope", "rotary position embedding (rotate-half)", _elementwise(3)),
-        OpKind("attention", "causal GQA attention over the KV cache (sliding window on local layers)", _attention),
+        OpKind(
+            "attention", "causal GQA attention over the KV cache (sliding window on local layers)", _attention
+        ),
         OpKind("gelu_mul", "gelu_tanh(gate) * up", _elementwise(10)),
         OpKind("add", "residual add", _elementwise(1)),
         OpKind("gather_rows", "select the rows that need logits", _elementwise(0)),

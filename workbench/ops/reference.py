@@ -32,7 +32,9 @@ def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.matmul(x.astype(F32, copy=False), w.T.astype(F32, copy=False))
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, base: float, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(
+    positions: np.ndarray, head_dim: int, base: float, scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables, (tokens, head_dim), as transformers computes them in float32."""
     exps = np.arange(0, head_dim, 2, dtype=np.int64).astype(F32) / F32(head_dim)
     inv_freq = (F32(1.0) / (F32(base) ** exps)).astype(F32)
@@ -43,7 +45,9 @@ def rope_tables(positions: np.ndarray, head_dim: int, base: float, scale: float 
     return np.cos(emb).astype(F32), np.sin(emb).astype(F32)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, base: float, scale: float = 1.0) -> np.ndarray:
+def rope(
+    x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, base: float, scale: float = 1.0
+) -> np.ndarray:
     """Rotary embedding, rotate-half (NeoX) style, applied to each head of x (tokens, n_heads*head_dim)."""
     cos, sin = rope_tables(positions, head_dim, base, scale)
     xh = x.reshape(len(positions), n_heads, head_dim).astype(F32, copy=False)

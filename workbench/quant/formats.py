@@ -61,7 +61,9 @@ class BlockFormat:
     def nbytes(self, n_elems: int) -> int:
         """Bytes taken by ``n_elems`` values; ``n_elems`` must be a whole number of blocks."""
         if n_elems % self.block_elems:
-            raise ValueError(f"{self.name}: {n_elems} values is not a multiple of the block size {self.block_elems}")
+            raise ValueError(
+                f"{self.name}: {n_elems} values is not a multiple of the block size {self.block_elems}"
+            )
         return n_elems // self.block_elems * self.block_bytes
 
 
@@ -118,4 +120,6 @@ def block_format(type_id: int, what: str = "tensor") -> BlockFormat:
     except ValueError:
         raise UnsupportedQuantError(f"{what}: unknown GGML type id {type_id}") from None
     except KeyError:
-        raise UnsupportedQuantError(f"{what}: GGML type {GGMLType(type_id).name} has no known block layout") from None
+        raise UnsupportedQuantError(
+            f"{what}: GGML type {GGMLType(type_id).name} has no known block layout"
+        ) from None

@@ -86,7 +86,9 @@ class Engine:
         **backend_options: Any,
     ):
         self.model = model
-        self.backend = backend if isinstance(backend, Backend) else make_backend(backend, model, **backend_options)
+        self.backend = (
+            backend if isinstance(backend, Backend) else make_backend(backend, model, **backend_options)
+        )
         self.max_context = min(max_context or model.config.context_length, model.config.context_length)
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -99,26 +101,43 @@ class Engine:
         return self.model.tokenizer
 
     def new_sequence(self, max_len: int | None = None, slack: int = 0) -> SequenceState:
-        return SequenceState(self.backend.new_cache(min(max_len or self.max_context, self.max_context), slack))
+        return SequenceState(
+            self.backend.new_cache(min(max_len or self.max_context, self.max_context), slack)
+        )
 
     # -- forward ---------------------------------------------------------------------------------
-    def forward(self, seq: SequenceState, tokens: Sequence[int], logits: str = "last", phase: str | None = None) -> np.ndarray:
-        """Run ``tokens`` through the model after what ``seq`` holds; return logits (last row, or all rows)."""
+    def forward(self, seq: SequenceState, tokens: Sequence[int], logits: str | Sequence[int] = "last",
+                phase: str | None = None) -> np.ndarray:  # fmt: skip
+        """Run ``tokens`` through the model after what ``seq`` holds.
+
+        ``logits``: ``"last"`` returns the last token's logits (vocab,); ``"all"`` every token's (T, vocab);
+        indices into ``tokens`` return those rows in increasing order (k, vocab). Long inputs run in chunks of
+        ``prefill_chunk`` tokens.
+        """
         tokens = list(tokens)
         if not tokens:
             raise ValueError("forward needs at least one token")
         seq.cache.check_room(len(tokens))
-        c = self.prefill_chunk
-        chunks = [tokens[i : i + c] for i in range(0, len(tokens), c)]
-        phase = phase or ("decode" if len(tokens) == 1 else "prefill")
+        n, c = len(tokens), self.prefill_chunk
+        if isinstance(logits, str):
+            wanted = np.arange(n) if logits == "all" else np.array([n - 1])
+        else:
+            wanted = np.unique(np.asarray(logits, dtype=np.int64).reshape(-1))
+            if len(wanted) == 0 or wanted.min() < 0 or wanted.max() >= n:
+                raise ValueError(f"logit rows must be indices in 0..{n - 1}")
+        phase = phase or ("decode" if n == 1 else "prefill")
         outs = []
-        for j, chunk in enumerate(chunks):
-            out = self._run(seq, chunk, "all" if logits == "all" else "last", phase)
-            if logits == "all" or j == len(chunks) - 1:
+        for start in range(0, n, c):
+            chunk = tokens[start : start + c]
+            local = wanted[(wanted >= start) & (wanted < start + len(chunk))] - start
+            # a chunk with no wanted row still computes its last row's logits (a graph needs one output row)
+            out = self._run(seq, chunk, local if len(local) else "last", phase)
+            if len(local):
                 outs.append(out)
-        return np.concatenate(outs) if logits == "all" else outs[-1][-1]
+        rows = np.concatenate(outs)
+        return rows[-1] if logits == "last" else rows
 
-    def _run(self, seq: SequenceState, chunk: list[int], logits: str, phase: str) -> np.ndarray:
+    def _run(self, seq: SequenceState, chunk: list[int], logits: str | np.ndarray, phase: str) -> np.ndarray:
         step = Step.single(seq.cache, chunk, seq.cache.length, logits, phase, self._step_index)
         graph = self.backend.prepare_graph(self.model.graph(step.n_tokens, len(step.logit_rows)))
         out = self.backend.run(graph, step, self.observer)

@@ -49,7 +49,9 @@ class LayerKV:
         pos[:cap] = self.pos
         self.pos = pos
 
-    def append(self, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def append(
+        self, positions: np.ndarray, k: np.ndarray, v: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Store keys/values at ``positions`` and return every key, value and position a query may see.
 
         The returned keys include the new ones; older keys still in the cache come first.
@@ -81,10 +83,14 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, max_len: int, slack: int = 0, dtype=np.float32):
         if max_len > config.context_length:
-            raise ContextLimitError(f"max_len {max_len} exceeds the model's context length {config.context_length}")
+            raise ContextLimitError(
+                f"max_len {max_len} exceeds the model's context length {config.context_length}"
+            )
         self.config, self.max_len = config, max_len
         self.layers = [
-            LayerKV(config.kv_dim, max_len, config.sliding_window if config.is_sliding(i) else 0, slack, dtype)
+            LayerKV(
+                config.kv_dim, max_len, config.sliding_window if config.is_sliding(i) else 0, slack, dtype
+            )
             for i in range(config.n_layers)
         ]
         self.length = 0

@@ -1,0 +1,106 @@
+"""Write Gemma 3 GGUF files (synthetic models, tests, conversions) through ``gguf.GGUFWriter``.
+
+Tensors are given in numpy order: float arrays are stored as F32/F16, and ``uint8`` arrays of raw quant
+blocks are stored as-is with their GGML type, so files are readable by llama.cpp too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+
+from ..quant.formats import GGMLType
+from .config import ModelConfig
+
+
+@dataclass
+class VocabSpec:
+    """Tokenizer data as GGUF stores it."""
+
+    tokens: Sequence[str]
+    scores: Sequence[float]
+    types: Sequence[int]
+    bos_id: int = 2
+    eos_id: int = 1
+    unk_id: int = 3
+    pad_id: int = 0
+    add_bos: bool = True
+
+
+def write_gguf(
+    path: str | Path,
+    config: ModelConfig,
+    tensors: Mapping[str, tuple[GGMLType, np.ndarray]],
+    vocab: VocabSpec,
+    *,
+    name: str = "",
+    extra: Mapping[str, str | int | float] | None = None,
+) -> Path:
+    """Write a GGUF file with the Gemma 3 metadata of ``config``.
+
+    ``tensors`` maps GGUF names to ``(type, data)``: float data (numpy shape) for F32/F16, or ``uint8``
+    raw blocks of shape (rows, bytes per row) for quantized types.
+    """
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    w = GGUFWriter(str(tmp), "gemma3")
+    c = config
+    w.add_name(name or c.name)
+    w.add_context_length(c.context_length)
+    w.add_embedding_length(c.hidden)
+    w.add_block_count(c.n_layers)
+    w.add_feed_forward_length(c.ffn)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_eps)
+    w.add_rope_freq_base(c.rope_base_global)
+    w.add_sliding_window(c.sliding_window)
+    if c.sliding_window_pattern != 6 or any(t != ("global" if (i + 1) % 6 == 0 else "sliding")
+                                            for i, t in enumerate(c.layer_types)):  # fmt: skip
+        w.add_array("gemma3.attention.sliding_window_pattern", [t == "sliding" for t in c.layer_types])
+    if c.rope_scale_global != 1.0:
+        w.add_string("gemma3.rope.scaling.type", "linear")
+        w.add_float32("gemma3.rope.scaling.factor", c.rope_scale_global)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(list(vocab.tokens))
+    w.add_token_scores([float(s) for s in vocab.scores])
+    w.add_token_types([int(t) for t in vocab.types])
+    w.add_bos_token_id(vocab.bos_id)
+    w.add_eos_token_id(vocab.eos_id)
+    w.add_unk_token_id(vocab.unk_id)
+    w.add_pad_token_id(vocab.pad_id)
+    w.add_add_bos_token(vocab.add_bos)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    for k, v in (extra or {}).items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+        else:
+            w.add_float32(k, float(v))
+    for tname, (qtype, data) in tensors.items():
+        if qtype in (GGMLType.F32, GGMLType.F16) and data.dtype != np.uint8:
+            w.add_tensor(
+                tname, np.ascontiguousarray(data, dtype=np.float32 if qtype == GGMLType.F32 else np.float16)
+            )
+        else:
+            w.add_tensor(
+                tname, np.ascontiguousarray(data, dtype=np.uint8), raw_dtype=GGMLQuantizationType(int(qtype))
+            )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(path)
+    return path
+
+
+__all__ = ["TokenType", "VocabSpec", "write_gguf"]
