@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 os.environ.setdefault("WORKBENCH_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "workbench"))
+# run records written by tests go to a throwaway folder, not the checkout's experiments/
+os.environ["WORKBENCH_EXPERIMENTS"] = tempfile.mkdtemp(prefix="workbench-test-experiments-")
 
 
 @pytest.fixture(scope="session")

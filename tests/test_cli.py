@@ -21,8 +21,22 @@ def run(*args, check=True, input_text=None):
 
 
 def test_generate_json_contract(hf_reference):
-    p = run("generate", "--model", "gemma3-270m", "--prompt", "The capital of France is", "--max-tokens", "5",
-            "--temperature", "0", "--backend", "numpy", "--json", "--top-logits", "5")  # fmt: skip
+    p = run(
+        "generate",
+        "--model",
+        "gemma3-270m",
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "5",
+        "--temperature",
+        "0",
+        "--backend",
+        "numpy",
+        "--json",
+        "--top-logits",
+        "5",
+    )
     out = json.loads(p.stdout)
     for key in (
         "input_ids",

@@ -38,8 +38,9 @@ def _tensor(name: str, dims: list[int], qtype: int, offset: int) -> bytes:
 def _file(
     kvs: list[bytes], tensors: list[bytes], data: bytes = b"", n_tensors=None, n_kv=None, magic=b"GGUF"
 ) -> bytes:
-    head = magic + struct.pack("<IQQ", 3, len(tensors) if n_tensors is None else n_tensors,
-                               len(kvs) if n_kv is None else n_kv)  # fmt: skip
+    head = magic + struct.pack(
+        "<IQQ", 3, len(tensors) if n_tensors is None else n_tensors, len(kvs) if n_kv is None else n_kv
+    )
     body = head + b"".join(kvs) + b"".join(tensors)
     body += b"\0" * (-len(body) % 32)
     return body + data
@@ -53,8 +54,14 @@ def _write(tmp_path, blob: bytes):
 
 def _valid(tmp_path):
     data = np.arange(64, dtype=np.float32).tobytes()
-    return _write(tmp_path, _file([_kv_str("general.architecture", "gemma3"), _kv_u32("x.n", 7)],
-                                  [_tensor("t", [16, 4], 0, 0)], data))  # fmt: skip
+    return _write(
+        tmp_path,
+        _file(
+            [_kv_str("general.architecture", "gemma3"), _kv_u32("x.n", 7)],
+            [_tensor("t", [16, 4], 0, 0)],
+            data,
+        ),
+    )
 
 
 def test_valid_small_file(tmp_path):

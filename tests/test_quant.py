@@ -38,9 +38,17 @@ def test_random_blocks_match_gguf(qtype, data):
 
 @pytest.mark.parametrize(
     "name",
-    ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
-     "blk.0.ffn_down.weight", "blk.1.ffn_down.weight", "blk.2.attn_v.weight", "output_norm.weight"],
-)  # fmt: skip
+    [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.0.attn_v.weight",
+        "blk.0.attn_output.weight",
+        "blk.0.ffn_down.weight",
+        "blk.1.ffn_down.weight",
+        "blk.2.attn_v.weight",
+        "output_norm.weight",
+    ],
+)
 def test_real_tensors_match_gguf(default_model, name):
     t = default_model.weights[name]
     raw = t.raw if name != "token_embd.weight" else t.raw[:4096]  # a slice of the 170 MB table suffices

@@ -22,8 +22,11 @@ def test_logits_match_transformers(numpy_engine, hf_reference, name):
     worst = 0.0
     for row, pos in zip(rows, positions):
         r = p["positions"][str(pos)]
-        worst = max(worst, float(np.abs(row[r["top_ids"]] - r["top_logits"]).max()),
-                    float(np.abs(row[sample] - r["sample_logits"]).max()))  # fmt: skip
+        worst = max(
+            worst,
+            float(np.abs(row[r["top_ids"]] - r["top_logits"]).max()),
+            float(np.abs(row[sample] - r["sample_logits"]).max()),
+        )
         assert int(np.argmax(row)) == r["top_ids"][0]
     assert worst < TOLERANCE, f"max abs logit difference {worst}"
     if name == "long":

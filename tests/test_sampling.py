@@ -37,8 +37,18 @@ def test_seeded_draws_follow_the_distribution():
     assert [again(np.log(p), []) for _ in range(20)] == [first(np.log(p), []) for _ in range(20)]
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0), dict(top_p=1.5),
-                                dict(min_p=1.0), dict(repetition_penalty=0), dict(temperature=float("nan"))])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=-1),
+        dict(top_k=-2),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(min_p=1.0),
+        dict(repetition_penalty=0),
+        dict(temperature=float("nan")),
+    ],
+)
 def test_invalid_params(kw):
     with pytest.raises(ValueError):
         SamplingParams(**kw)

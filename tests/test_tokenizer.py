@@ -54,8 +54,12 @@ def test_streaming_decode_never_splits_characters(tok):
 def test_chat_template(tok):
     prompt = Tokenizer.chat_prompt("What is 2+2?")
     assert prompt == "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}]  # fmt: skip
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+    ]
     text = Tokenizer.chat_prompt(msgs)
     assert text.startswith("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello")
     with pytest.raises(TokenizerError, match="role"):
@@ -73,16 +77,32 @@ def test_from_tokenizer_model_and_json(default_model, tok, tmp_path, llama_refer
     from_model = Tokenizer.from_hf_dir(tmp_path)
     # a tokenizer.json in Hugging Face's format, built from the same vocabulary
     vocab = {tok.sp.id_to_piece(i): i for i in range(tok.vocab_size)}
-    added = [{"id": i, "content": tok.sp.id_to_piece(i), "special": bool(tok.sp.is_control(i))}
-             for i in range(tok.vocab_size) if tok.sp.is_control(i)]  # fmt: skip
+    added = [
+        {"id": i, "content": tok.sp.id_to_piece(i), "special": bool(tok.sp.is_control(i))}
+        for i in range(tok.vocab_size)
+        if tok.sp.is_control(i)
+    ]
     types = GGUFFile(default_model.source).metadata["tokenizer.ggml.token_type"]
-    added += [{"id": int(i), "content": tok.sp.id_to_piece(int(i)).replace("\u2581", " "), "special": False}
-              for i in np.flatnonzero(types == 4)]  # user-defined pieces  # fmt: skip
+    added += [
+        {"id": int(i), "content": tok.sp.id_to_piece(int(i)).replace("\u2581", " "), "special": False}
+        for i in np.flatnonzero(types == 4)
+    ]  # user-defined pieces
     json_dir = tmp_path / "j"
     json_dir.mkdir()
-    (json_dir / "tokenizer.json").write_text(json.dumps(
-        {"model": {"type": "BPE", "vocab": vocab, "merges": [], "unk_token": "<unk>", "byte_fallback": True},
-         "added_tokens": added}))  # fmt: skip
+    (json_dir / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "model": {
+                    "type": "BPE",
+                    "vocab": vocab,
+                    "merges": [],
+                    "unk_token": "<unk>",
+                    "byte_fallback": True,
+                },
+                "added_tokens": added,
+            }
+        )
+    )
     from_json = Tokenizer.from_hf_dir(json_dir)
     for name, text in llama_reference["test_strings"].items():
         expected = llama_reference["tokenize_no_bos"][name]

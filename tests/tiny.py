@@ -14,9 +14,20 @@ from workbench.models.gemma3 import required_weights
 from workbench.models.gguf_writer import VocabSpec, write_gguf
 from workbench.quant.formats import GGMLType
 
-TINY = ModelConfig(name="tiny", n_layers=3, hidden=64, ffn=96, n_heads=4, n_kv_heads=2, head_dim=16,
-                   vocab_size=300, context_length=256, sliding_window=8, sliding_window_pattern=3,
-                   query_pre_attn_scalar=16)  # fmt: skip
+TINY = ModelConfig(
+    name="tiny",
+    n_layers=3,
+    hidden=64,
+    ffn=96,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    vocab_size=300,
+    context_length=256,
+    sliding_window=8,
+    sliding_window_pattern=3,
+    query_pre_attn_scalar=16,
+)
 
 
 def tiny_vocab() -> VocabSpec:
@@ -39,11 +50,17 @@ def tiny_weights(config: ModelConfig = TINY, seed: int = 0) -> dict[str, np.ndar
     rng = np.random.default_rng(seed)
     c, out = config, {}
     shapes = {
-        "token_embd": (c.vocab_size, c.hidden), "attn_q": (c.q_dim, c.hidden), "attn_k": (c.kv_dim, c.hidden),
-        "attn_v": (c.kv_dim, c.hidden), "attn_output": (c.hidden, c.q_dim), "ffn_gate": (c.ffn, c.hidden),
-        "ffn_up": (c.ffn, c.hidden), "ffn_down": (c.hidden, c.ffn), "attn_q_norm": (c.head_dim,),
+        "token_embd": (c.vocab_size, c.hidden),
+        "attn_q": (c.q_dim, c.hidden),
+        "attn_k": (c.kv_dim, c.hidden),
+        "attn_v": (c.kv_dim, c.hidden),
+        "attn_output": (c.hidden, c.q_dim),
+        "ffn_gate": (c.ffn, c.hidden),
+        "ffn_up": (c.ffn, c.hidden),
+        "ffn_down": (c.hidden, c.ffn),
+        "attn_q_norm": (c.head_dim,),
         "attn_k_norm": (c.head_dim,),
-    }  # fmt: skip
+    }
     for name in required_weights(c):
         key = name.split(".")[-2]
         shape = shapes.get(key, (c.hidden,))
@@ -61,16 +78,30 @@ def write_tiny_gguf(
     return write_gguf(path, config, {n: (GGMLType.F32, w) for n, w in weights.items()}, tiny_vocab())
 
 
-def write_tiny_hf(folder: Path, weights: dict[str, np.ndarray] | None = None, dtype: str = "float32",
-                  shards: int = 1, config: ModelConfig = TINY) -> Path:  # fmt: skip
+def write_tiny_hf(
+    folder: Path,
+    weights: dict[str, np.ndarray] | None = None,
+    dtype: str = "float32",
+    shards: int = 1,
+    config: ModelConfig = TINY,
+) -> Path:
     """An HF directory: config.json, tokenizer.model, safetensors (``shards`` files + index when > 1)."""
     weights = weights if weights is not None else tiny_weights(config)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config.to_hf_config()))
     v = tiny_vocab()
-    (folder / "tokenizer.model").write_bytes(P.model_proto(v.tokens, v.scores, v.types, unk_id=3, bos_id=2, eos_id=1,
-                                             pad_id=0, special_pieces={"unk": "<unk>", "bos": "<bos>", "eos": "<eos>",
-                                                                       "pad": "<pad>"}))  # fmt: skip
+    (folder / "tokenizer.model").write_bytes(
+        P.model_proto(
+            v.tokens,
+            v.scores,
+            v.types,
+            unk_id=3,
+            bos_id=2,
+            eos_id=1,
+            pad_id=0,
+            special_pieces={"unk": "<unk>", "bos": "<bos>", "eos": "<eos>", "pad": "<pad>"},
+        )
+    )
     items = []
     for name, w in weights.items():
         hf, is_norm = hf_name(name)

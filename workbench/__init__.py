@@ -8,6 +8,10 @@ print(engine.generate("The capital of France is", max_tokens=20).text)
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")  # before numba is imported anywhere (see workbench._numba)
+
 from .models.config import ModelConfig
 from .models.model import Model
 from .models.registry import load

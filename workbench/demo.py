@@ -17,8 +17,10 @@ def main() -> int:
     prompt = "The capital of France is"
     print(f"\nprompt: {prompt!r}\n")
     result = engine.generate(prompt, max_tokens=32, on_text=lambda s: print(s, end="", flush=True))
-    print(f"\n\nprefill {result.prefill_tok_s:.1f} tok/s, decode {result.decode_tok_s:.1f} tok/s "
-          f"(measured on {result.device}, host wall clock)")  # fmt: skip
+    print(
+        f"\n\nprefill {result.prefill_tok_s:.1f} tok/s, decode {result.decode_tok_s:.1f} tok/s "
+        f"(measured on {result.device}, host wall clock)"
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..hostinfo import host_cores
 from ..models.model import Model
 from ..ops.graph import Graph, Op
 
@@ -62,8 +63,15 @@ class Step:
         return len(self.tokens)
 
     @classmethod
-    def single(cls, cache: Any, tokens, start_pos: int, logits: str | np.ndarray = "last", phase: str = "prefill",
-               index: int = 0) -> Step:  # fmt: skip
+    def single(
+        cls,
+        cache: Any,
+        tokens,
+        start_pos: int,
+        logits: str | np.ndarray = "last",
+        phase: str = "prefill",
+        index: int = 0,
+    ) -> Step:
         """A step of one sequence: ``tokens`` at positions ``start_pos...``.
 
         ``logits`` selects the rows that get logits: ``"last"``, ``"all"`` or an array of row indices.
@@ -81,10 +89,32 @@ class Step:
 
 
 class OpObserver(Protocol):
-    """Receives one call per executed op (the profiler implements this)."""
+    """Receives one call per executed op and one per step (the profiler implements this).
 
-    def on_op(self, op: Op, graph: Graph, step: Step, host_s: float, device_s: float | None = None,
-              device: str | None = None, note: str = "") -> None: ...  # fmt: skip
+    ``start_s`` is a ``time.perf_counter()`` value; ``host_s`` the host wall time of the op; ``device_s``
+    the device's own measurement where the backend has a clock (Vulkan timestamps, emulator cycles).
+    """
+
+    def on_op(
+        self, op: Op, step: Step, start_s: float, host_s: float, device_s: float | None = None
+    ) -> None: ...
+
+    def on_step(self, step: Step, graph: Graph, backend: Backend, start_s: float, wall_s: float) -> None: ...
+
+
+MAX_THREADS = 1024
+
+
+def check_threads(threads: int | None) -> int | None:
+    """``threads`` if it is a sensible host thread count (1 .. 4x the cores), else a clear error."""
+    if threads is None:
+        return None
+    limit = min(MAX_THREADS, 4 * host_cores())
+    if not isinstance(threads, int) or not 1 <= threads <= limit:
+        raise ValueError(
+            f"threads must be an integer from 1 to {limit} on this host ({host_cores()} cores), got {threads!r}"
+        )
+    return threads
 
 
 class Backend(ABC):
@@ -92,8 +122,9 @@ class Backend(ABC):
 
     name: str = "?"
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, threads: int | None = None):
         self.model = model
+        self.threads = check_threads(threads)
 
     @property
     @abstractmethod
@@ -115,6 +146,10 @@ class Backend(ABC):
     @abstractmethod
     def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
         """Execute the step; return logits (n_logits, vocab) as float32 on the host."""
+
+    def threads_used(self) -> int:
+        """Host threads this backend computes with (what a fair comparison gives llama.cpp)."""
+        return self.threads or host_cores()
 
     def prepare_graph(self, graph: Graph) -> Graph:
         """The graph this backend runs for a step shape (backends that fuse ops rewrite it here)."""

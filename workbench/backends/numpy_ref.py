@@ -38,8 +38,9 @@ def _matmul(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
 
 def _rope(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     a = op.attrs
-    env[op.outputs[0]] = ref.rope(env[op.inputs[0]], env[op.inputs[1]], a["n_heads"], a["head_dim"], a["base"],
-                                  a.get("scale", 1.0))  # fmt: skip
+    env[op.outputs[0]] = ref.rope(
+        env[op.inputs[0]], env[op.inputs[1]], a["n_heads"], a["head_dim"], a["base"], a.get("scale", 1.0)
+    )
 
 
 def _attention(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
@@ -49,8 +50,18 @@ def _attention(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     for s in step.seqs:
         sl = slice(s.start, s.stop)
         keys, vals, kpos = s.cache.layers[op.layer].append(pos[sl], k[sl], v[sl])
-        out[sl] = ref.attention(q[sl], keys, vals, pos[sl], kpos, a["n_heads"], a["n_kv_heads"], a["head_dim"],
-                                a["scale"], a.get("window", 0))  # fmt: skip
+        out[sl] = ref.attention(
+            q[sl],
+            keys,
+            vals,
+            pos[sl],
+            kpos,
+            a["n_heads"],
+            a["n_kv_heads"],
+            a["head_dim"],
+            a["scale"],
+            a.get("window", 0),
+        )
     env[op.outputs[0]] = out
 
 
@@ -88,18 +99,26 @@ class NumpyBackend(Backend):
 
     name = "numpy"
 
-    def __init__(self, model: Model):
-        super().__init__(model)
+    def __init__(self, model: Model, threads: int | None = None):
+        super().__init__(model, threads)
         self._f32: dict[str, np.ndarray] = {}
 
     @property
     def device(self) -> DeviceInfo:
-        return DeviceInfo("numpy", host_cpu_name(), "cpu", {"dtype": "float32"})
+        return DeviceInfo(
+            "numpy",
+            host_cpu_name(),
+            "cpu",
+            {"dtype": "float32", "threads": "BLAS default (not set)", "profile": "host"},
+        )
 
     @classmethod
     def probe(cls) -> dict:
-        return {"available": True, "reason": "",
-                "devices": [{"name": host_cpu_name(), "kind": "cpu", "numpy": np.__version__}]}  # fmt: skip
+        return {
+            "available": True,
+            "reason": "",
+            "devices": [{"name": host_cpu_name(), "kind": "cpu", "numpy": np.__version__}],
+        }
 
     def supports(self, op: Op) -> bool:
         return op.kind in KERNELS
@@ -125,7 +144,7 @@ class NumpyBackend(Backend):
             else:
                 t0 = time.perf_counter()
                 kernel(self, op, env, step)
-                observer.on_op(op, graph, step, time.perf_counter() - t0)
+                observer.on_op(op, step, t0, time.perf_counter() - t0)
         for s in step.seqs:
             s.cache.length = int(step.positions[s.stop - 1]) + 1
         return env[graph.outputs[0]]

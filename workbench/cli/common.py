@@ -9,8 +9,12 @@ from ..models.registry import DEFAULT_MODEL
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
-                   help=f"model: {DEFAULT_MODEL} (bundled), a .gguf path, an HF directory, or synthetic:<config>")  # fmt: skip
+    p.add_argument(
+        "--model",
+        "-m",
+        default=DEFAULT_MODEL,
+        help=f"model: {DEFAULT_MODEL} (bundled), a .gguf path, an HF directory, or synthetic:<config>",
+    )
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:

@@ -36,12 +36,23 @@ def run(args: argparse.Namespace) -> int:
     if model.kind in ("gguf", "synthetic"):
         meta = {k: _short(v) for k, v in GGUFFile(model.source).metadata.items()}
     table = model.weights.type_table()
-    tensors = [{"name": n, "type": t.type.name, "shape": list(t.shape), "bytes": t.nbytes}
-               for n, t in model.weights.items()]  # fmt: skip
-    info = {"model": model.describe(), "config": model.config.to_dict(), "metadata": meta, "types": table,
-            "tokenizer": {"vocab": model.tokenizer.vocab_size, "bos": model.tokenizer.bos_id,
-                          "eos": model.tokenizer.eos_id, "add_bos": model.tokenizer.add_bos,
-                          "source": model.tokenizer.source}}  # fmt: skip
+    tensors = [
+        {"name": n, "type": t.type.name, "shape": list(t.shape), "bytes": t.nbytes}
+        for n, t in model.weights.items()
+    ]
+    info = {
+        "model": model.describe(),
+        "config": model.config.to_dict(),
+        "metadata": meta,
+        "types": table,
+        "tokenizer": {
+            "vocab": model.tokenizer.vocab_size,
+            "bos": model.tokenizer.bos_id,
+            "eos": model.tokenizer.eos_id,
+            "add_bos": model.tokenizer.add_bos,
+            "source": model.tokenizer.source,
+        },
+    }
     if args.tensors:
         info["tensors"] = tensors
     if args.json:
@@ -49,10 +60,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     d = info["model"]
     print(f"{d['name']}  ({d['kind']}: {d['source']})")
-    print(f"  {d['params'] / 1e6:.1f}M parameters, {d['weights_bytes'] / 2**20:.1f} MiB of weights, "
-          f"{d['layers']} layers, hidden {d['hidden']}, ffn {d['ffn']}, heads {d['heads']}/{d['kv_heads']} "
-          f"x {d['head_dim']}, vocab {d['vocab']}, context {d['context']}, window {d['sliding_window']}, "
-          f"global layers {d['global_layers']}")  # fmt: skip
+    print(
+        f"  {d['params'] / 1e6:.1f}M parameters, {d['weights_bytes'] / 2**20:.1f} MiB of weights, "
+        f"{d['layers']} layers, hidden {d['hidden']}, ffn {d['ffn']}, heads {d['heads']}/{d['kv_heads']} "
+        f"x {d['head_dim']}, vocab {d['vocab']}, context {d['context']}, window {d['sliding_window']}, "
+        f"global layers {d['global_layers']}"
+    )
     if model.synthetic:
         print("  SYNTHETIC: random weights of the real shapes and formats (for speed studies only)")
     if meta:

@@ -282,10 +282,19 @@ def _preset(
     name, n_layers, hidden, ffn, n_heads, n_kv, head_dim, window, ctx, scale, qpas, vocab
 ) -> ModelConfig:
     return ModelConfig(
-        name=name, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads, n_kv_heads=n_kv,
-        head_dim=head_dim, vocab_size=vocab, context_length=ctx, sliding_window=window,
-        rope_scale_global=scale, query_pre_attn_scalar=qpas,
-    )  # fmt: skip
+        name=name,
+        n_layers=n_layers,
+        hidden=hidden,
+        ffn=ffn,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        context_length=ctx,
+        sliding_window=window,
+        rope_scale_global=scale,
+        query_pre_attn_scalar=qpas,
+    )
 
 
 # Published Gemma 3 text configurations (Hugging Face config.json of each size).

@@ -16,12 +16,20 @@ import numpy as np
 from .model import Model
 
 _HF_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}  # fmt: skip
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 _NORMS = {"attn_q_norm", "attn_k_norm", "attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"}
 _DTYPES = {
     "float32": ("F32", np.dtype("<f4")),
@@ -92,7 +100,13 @@ def export_hf(model: Model, out_dir: str | Path, dtype: str = "float32") -> Path
         tensors[hf] = (t.shape, produce)
     write_safetensors(out / "model.safetensors", tensors, dtype)
     (out / "tokenizer.model").write_bytes(model.tokenizer.sp.serialized_model_proto())
-    tok_cfg = {"add_bos_token": model.tokenizer.add_bos, "add_eos_token": False,
-               "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}  # fmt: skip
+    tok_cfg = {
+        "add_bos_token": model.tokenizer.add_bos,
+        "add_eos_token": False,
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     return out

@@ -12,9 +12,24 @@ from .weights import MissingTensorError
 def required_weights(config: ModelConfig) -> list[str]:
     names = ["token_embd.weight", "output_norm.weight"]
     for i in range(config.n_layers):
-        names += [f"blk.{i}.{n}.weight" for n in (
-            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
-            "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")]  # fmt: skip
+        names += [
+            f"blk.{i}.{n}.weight"
+            for n in (
+                "attn_norm",
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_q_norm",
+                "attn_k_norm",
+                "attn_output",
+                "post_attention_norm",
+                "ffn_norm",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+                "post_ffw_norm",
+            )
+        ]
     if not config.tie_embeddings:
         names.append("output.weight")
     return names
@@ -65,9 +80,19 @@ def build_graph(
         add(f"{p}.rope_q", "rope", [qn, "positions"], [qr], (), i, n_heads=c.n_heads, **rope)
         add(f"{p}.rope_k", "rope", [kn, "positions"], [kr], (), i, n_heads=c.n_kv_heads, **rope)
         o = act(f"{p}.attn_out", c.q_dim)
-        add(f"{p}.attn", "attention", [qr, kr, v, "positions"], [o], (), i, n_heads=c.n_heads,
-            n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, scale=c.attn_scale,
-            window=c.sliding_window if c.is_sliding(i) else 0)  # fmt: skip
+        add(
+            f"{p}.attn",
+            "attention",
+            [qr, kr, v, "positions"],
+            [o],
+            (),
+            i,
+            n_heads=c.n_heads,
+            n_kv_heads=c.n_kv_heads,
+            head_dim=c.head_dim,
+            scale=c.attn_scale,
+            window=c.sliding_window if c.is_sliding(i) else 0,
+        )
         a = act(f"{p}.attn_proj", c.hidden)
         add(f"{p}.attn_output", "matmul", [o], [a], [w("attn_output")], i)
         an = act(f"{p}.attn_post", c.hidden)

@@ -1,19 +1,21 @@
 """Write Gemma 3 GGUF files (synthetic models, tests, conversions) through ``gguf.GGUFWriter``.
 
 Tensors are given in numpy order: float arrays are stored as F32/F16, and ``uint8`` arrays of raw quant
-blocks are stored as-is with their GGML type, so files are readable by llama.cpp too.
+blocks are stored as-is with their GGML type, so files are readable by llama.cpp too. Tensor data are
+streamed one tensor at a time (a tensor may be given as a function that produces it), so a 16 GB model
+is written without holding it in memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter
 
-from ..quant.formats import GGMLType
+from ..quant.formats import FORMATS, GGMLType
 from .config import ModelConfig
 
 
@@ -31,19 +33,37 @@ class VocabSpec:
     add_bos: bool = True
 
 
+@dataclass
+class TensorSource:
+    """A tensor to write: its GGML type, numpy-order value shape, and a function returning its data."""
+
+    type: GGMLType
+    shape: tuple[int, ...]
+    produce: Callable[[], np.ndarray]
+
+    @classmethod
+    def of(cls, qtype: GGMLType, data: np.ndarray) -> TensorSource:
+        if data.dtype == np.uint8 and qtype not in (GGMLType.F32, GGMLType.F16):
+            cols = data.shape[-1] // FORMATS[qtype].block_bytes * FORMATS[qtype].block_elems
+            return cls(qtype, (*data.shape[:-1], cols), lambda: data)
+        return cls(qtype, tuple(data.shape), lambda: data)
+
+
 def write_gguf(
     path: str | Path,
     config: ModelConfig,
-    tensors: Mapping[str, tuple[GGMLType, np.ndarray]],
+    tensors: Mapping[str, tuple[GGMLType, np.ndarray | TensorSource]],
     vocab: VocabSpec,
     *,
     name: str = "",
     extra: Mapping[str, str | int | float] | None = None,
+    on_tensor: Callable[[str, int], None] | None = None,
 ) -> Path:
     """Write a GGUF file with the Gemma 3 metadata of ``config``.
 
     ``tensors`` maps GGUF names to ``(type, data)``: float data (numpy shape) for F32/F16, or ``uint8``
-    raw blocks of shape (rows, bytes per row) for quantized types.
+    raw blocks of shape (rows, bytes per row) for quantized types; ``data`` may be a :class:`TensorSource`
+    whose ``produce()`` is called only when the tensor is written.
     """
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -61,8 +81,9 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c.rms_eps)
     w.add_rope_freq_base(c.rope_base_global)
     w.add_sliding_window(c.sliding_window)
-    if c.sliding_window_pattern != 6 or any(t != ("global" if (i + 1) % 6 == 0 else "sliding")
-                                            for i, t in enumerate(c.layer_types)):  # fmt: skip
+    if c.sliding_window_pattern != 6 or any(
+        t != ("global" if (i + 1) % 6 == 0 else "sliding") for i, t in enumerate(c.layer_types)
+    ):
         w.add_array("gemma3.attention.sliding_window_pattern", [t == "sliding" for t in c.layer_types])
     if c.rope_scale_global != 1.0:
         w.add_string("gemma3.rope.scaling.type", "linear")
@@ -86,21 +107,41 @@ def write_gguf(
             w.add_uint32(k, v)
         else:
             w.add_float32(k, float(v))
-    for tname, (qtype, data) in tensors.items():
-        if qtype in (GGMLType.F32, GGMLType.F16) and data.dtype != np.uint8:
-            w.add_tensor(
-                tname, np.ascontiguousarray(data, dtype=np.float32 if qtype == GGMLType.F32 else np.float16)
-            )
+    sources = {
+        n: d if isinstance(d, TensorSource) else TensorSource.of(q, d) for n, (q, d) in tensors.items()
+    }
+    for tname, src in sources.items():
+        fmt = FORMATS[src.type]
+        if src.type in (GGMLType.F32, GGMLType.F16):
+            dt = np.dtype(np.float32 if src.type == GGMLType.F32 else np.float16)
+            w.add_tensor_info(tname, src.shape, dt, int(np.prod(src.shape)) * dt.itemsize)
         else:
-            w.add_tensor(
-                tname, np.ascontiguousarray(data, dtype=np.uint8), raw_dtype=GGMLQuantizationType(int(qtype))
+            rows = int(np.prod(src.shape[:-1])) if len(src.shape) > 1 else 1
+            byte_shape = (*src.shape[:-1], fmt.nbytes(src.shape[-1]))
+            w.add_tensor_info(
+                tname,
+                byte_shape,
+                np.dtype(np.uint8),
+                rows * byte_shape[-1],
+                raw_dtype=GGMLQuantizationType(int(src.type)),
             )
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for tname, src in sources.items():
+        data = src.produce()
+        if src.type == GGMLType.F32:
+            data = np.ascontiguousarray(data, dtype=np.float32)
+        elif src.type == GGMLType.F16 and data.dtype != np.uint8:
+            data = np.ascontiguousarray(data, dtype=np.float16)
+        else:
+            data = np.ascontiguousarray(data, dtype=np.uint8)
+        if on_tensor is not None:
+            on_tensor(tname, data.nbytes)
+        w.write_tensor_data(data)
     w.close()
     tmp.replace(path)
     return path
 
 
-__all__ = ["TokenType", "VocabSpec", "write_gguf"]
+__all__ = ["TensorSource", "VocabSpec", "write_gguf"]

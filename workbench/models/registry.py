@@ -28,14 +28,23 @@ def default_model_path() -> Path:
     stamp = cache_dir() / "default_model.stamp"
     if target.exists():
         st = target.stat()
-        ident = json.dumps({"path": str(target), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                            "sha256": pkg.EXPECTED_SHA256})  # fmt: skip
+        ident = json.dumps(
+            {
+                "path": str(target),
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+                "sha256": pkg.EXPECTED_SHA256,
+            }
+        )
         if stamp.exists() and stamp.read_text() == ident:
             return target
     path = Path(pkg.assemble())
     st = path.stat()
-    stamp.write_text(json.dumps({"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                 "sha256": pkg.EXPECTED_SHA256}))  # fmt: skip
+    stamp.write_text(
+        json.dumps(
+            {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": pkg.EXPECTED_SHA256}
+        )
+    )
     return path
 
 

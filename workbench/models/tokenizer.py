@@ -161,8 +161,10 @@ class Tokenizer:
             raise TokenizerError(
                 f"{gguf.path}: tokenizer arrays differ in length ({n}, {len(scores)}, {len(types)})"
             )
-        ids = {k: int(meta.get(f"tokenizer.ggml.{k}_token_id", d)) for k, d in
-               (("bos", 2), ("eos", 1), ("unknown", 3), ("padding", 0))}  # fmt: skip
+        ids = {
+            k: int(meta.get(f"tokenizer.ggml.{k}_token_id", d))
+            for k, d in (("bos", 2), ("eos", 1), ("unknown", 3), ("padding", 0))
+        }
         for k, v in ids.items():
             if not 0 <= v < n:
                 raise TokenizerError(f"{gguf.path}: {k} token id {v} is outside the vocabulary of {n}")
@@ -176,19 +178,30 @@ class Tokenizer:
             tlist[ids["unknown"]] = P.UNKNOWN
             pieces = [p.replace(" ", "\u2581") if t == P.USER_DEFINED else p for p, t in zip(pieces, tlist)]
             proto = P.model_proto(
-                pieces, np.asarray(scores, dtype=np.float32).tolist(), tlist,
-                unk_id=ids["unknown"], bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["padding"],
-                special_pieces={k: pieces[ids[g]] for k, g in
-                                (("unk", "unknown"), ("bos", "bos"), ("eos", "eos"), ("pad", "padding"))},
+                pieces,
+                np.asarray(scores, dtype=np.float32).tolist(),
+                tlist,
+                unk_id=ids["unknown"],
+                bos_id=ids["bos"],
+                eos_id=ids["eos"],
+                pad_id=ids["padding"],
+                special_pieces={
+                    k: pieces[ids[g]]
+                    for k, g in (("unk", "unknown"), ("bos", "bos"), ("eos", "eos"), ("pad", "padding"))
+                },
                 add_dummy_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", False)),
-            )  # fmt: skip
+            )
             _atomic_write(cached, proto)
         tarr = np.asarray(types)
         specials = np.flatnonzero((tarr == P.CONTROL) | (tarr == P.UNKNOWN)).tolist()
         if ids["unknown"] not in specials:
             specials.append(ids["unknown"])
-        return cls(_load_proto(proto, str(gguf.path)), add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
-                   source=f"gguf:{gguf.path}", special_ids=specials)  # fmt: skip
+        return cls(
+            _load_proto(proto, str(gguf.path)),
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+            source=f"gguf:{gguf.path}",
+            special_ids=specials,
+        )
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> Tokenizer:
@@ -202,8 +215,11 @@ class Tokenizer:
             )
         json_file = path / "tokenizer.json"
         if json_file.exists():
-            return cls(_load_proto(_proto_from_tokenizer_json(json_file), str(json_file)), add_bos=add_bos,
-                       source=str(json_file))  # fmt: skip
+            return cls(
+                _load_proto(_proto_from_tokenizer_json(json_file), str(json_file)),
+                add_bos=add_bos,
+                source=str(json_file),
+            )
         raise TokenizerError(f"{path}: no tokenizer.model or tokenizer.json")
 
 
@@ -301,11 +317,16 @@ def _proto_from_tokenizer_json(path: Path) -> bytes:
     scores = [0.0 if t == P.BYTE else (-float(i) if t == P.NORMAL else -1000.0) for i, t in enumerate(types)]
     get = {p: vocab.get(p) for p in ("<bos>", "<eos>", "<pad>")}
     return P.model_proto(
-        pieces, scores, types, unk_id=unk, bos_id=get["<bos>"] if get["<bos>"] is not None else 2,
-        eos_id=get["<eos>"] if get["<eos>"] is not None else 1, pad_id=get["<pad>"] if get["<pad>"] is not None else 0,
+        pieces,
+        scores,
+        types,
+        unk_id=unk,
+        bos_id=get["<bos>"] if get["<bos>"] is not None else 2,
+        eos_id=get["<eos>"] if get["<eos>"] is not None else 1,
+        pad_id=get["<pad>"] if get["<pad>"] is not None else 0,
         special_pieces={"unk": pieces[unk], "bos": "<bos>", "eos": "<eos>", "pad": "<pad>"},
         byte_fallback=bool(model.get("byte_fallback", True)),
-    )  # fmt: skip
+    )
 
 
 __all__ = ["GGUFError", "StreamDecoder", "Tokenizer", "TokenizerError"]

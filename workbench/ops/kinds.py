@@ -57,8 +57,11 @@ def _weights_bytes(graph: Graph, op: Op) -> int:
 def _elementwise(flops_per_elem: float) -> Callable[[Op, Graph, np.ndarray], Cost]:
     def cost(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
         n = _numel(graph, op.outputs[0])
-        return Cost(flops_per_elem * n, _act_bytes(graph, op.inputs) + _weights_bytes(graph, op),
-                    _act_bytes(graph, op.outputs))  # fmt: skip
+        return Cost(
+            flops_per_elem * n,
+            _act_bytes(graph, op.inputs) + _weights_bytes(graph, op),
+            _act_bytes(graph, op.outputs),
+        )
 
     return cost
 
@@ -66,8 +69,9 @@ def _elementwise(flops_per_elem: float) -> Callable[[Op, Graph, np.ndarray], Cos
 def _embed(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     w = graph.weights[op.weights[0]]
     rows = graph.n_tokens
-    return Cost(_numel(graph, op.outputs[0]), rows * w.nbytes / w.shape[0] + rows * 4,
-                _act_bytes(graph, op.outputs))  # fmt: skip
+    return Cost(
+        _numel(graph, op.outputs[0]), rows * w.nbytes / w.shape[0] + rows * 4, _act_bytes(graph, op.outputs)
+    )
 
 
 def _matmul(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
@@ -82,14 +86,29 @@ def _matmul(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     )
 
 
+def distinct_keys(positions: np.ndarray, window: int) -> int:
+    """Cache entries an ideal kernel reads once per step: the keys visible to any query, per sequence.
+
+    A step's sequences are the runs of consecutive positions.
+    """
+    p = positions.astype(np.int64)
+    breaks = np.flatnonzero(np.diff(p) != 1) + 1
+    total = 0
+    for run in np.split(p, breaks):
+        lo = max(0, int(run[0]) - window + 1) if window else 0
+        total += int(run[-1]) - lo + 1
+    return total
+
+
 def _attention(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     a = op.attrs
-    keys = visible_keys(positions, a.get("window", 0))
+    window = a.get("window", 0)
+    keys = visible_keys(positions, window)
     hd, nh, nkv = a["head_dim"], a["n_heads"], a["n_kv_heads"]
     flops = 4.0 * keys * nh * hd + 5.0 * keys * nh  # QK^T, PV, and softmax
-    # each query reads the visible part of the cache once per KV head group (ideal kernel: once per KV head)
-    cache_read = keys * nkv * hd * 2 * a.get("cache_bytes", F32_BYTES)
-    new_kv = 2 * graph.n_tokens * nkv * hd * a.get("cache_bytes", F32_BYTES)
+    kv_bytes = nkv * hd * 2 * a.get("cache_bytes", F32_BYTES)
+    cache_read = distinct_keys(positions, window) * kv_bytes
+    new_kv = graph.n_tokens * kv_bytes
     return Cost(flops, _act_bytes(graph, op.inputs) + cache_read, _act_bytes(graph, op.outputs) + new_kv)
 
 

@@ -106,8 +106,13 @@ class Engine:
         )
 
     # -- forward ---------------------------------------------------------------------------------
-    def forward(self, seq: SequenceState, tokens: Sequence[int], logits: str | Sequence[int] = "last",
-                phase: str | None = None) -> np.ndarray:  # fmt: skip
+    def forward(
+        self,
+        seq: SequenceState,
+        tokens: Sequence[int],
+        logits: str | Sequence[int] = "last",
+        phase: str | None = None,
+    ) -> np.ndarray:
         """Run ``tokens`` through the model after what ``seq`` holds.
 
         ``logits``: ``"last"`` returns the last token's logits (vocab,); ``"all"`` every token's (T, vocab);
@@ -140,7 +145,12 @@ class Engine:
     def _run(self, seq: SequenceState, chunk: list[int], logits: str | np.ndarray, phase: str) -> np.ndarray:
         step = Step.single(seq.cache, chunk, seq.cache.length, logits, phase, self._step_index)
         graph = self.backend.prepare_graph(self.model.graph(step.n_tokens, len(step.logit_rows)))
-        out = self.backend.run(graph, step, self.observer)
+        if self.observer is None:
+            out = self.backend.run(graph, step)
+        else:
+            t0 = time.perf_counter()
+            out = self.backend.run(graph, step, self.observer)
+            self.observer.on_step(step, graph, self.backend, t0, time.perf_counter() - t0)
         self._step_index += 1
         seq.tokens.extend(chunk)
         return out
@@ -217,8 +227,21 @@ class Engine:
         if result is not None:
             dev = self.backend.device
             text = self.tokenizer.decode([t for t in out if t not in stops])
-            result.append(GenerationResult(ids, out, text, finish, self.backend.name, dev.label(), prefill_s,
-                                           decode_s, first_token_s, latencies, top))  # fmt: skip
+            result.append(
+                GenerationResult(
+                    ids,
+                    out,
+                    text,
+                    finish,
+                    self.backend.name,
+                    dev.label(),
+                    prefill_s,
+                    decode_s,
+                    first_token_s,
+                    latencies,
+                    top,
+                )
+            )
 
     def generate(
         self,
@@ -233,8 +256,9 @@ class Engine:
     ) -> GenerationResult:
         """Generate up to ``max_tokens`` tokens after ``prompt`` (text or ids); ``on_text`` receives text as it streams."""
         result: list[GenerationResult] = []
-        for _, text in self.stream(prompt, max_tokens, sampling, chat=chat, stop_ids=stop_ids,
-                                   top_logits=top_logits, result=result):  # fmt: skip
+        for _, text in self.stream(
+            prompt, max_tokens, sampling, chat=chat, stop_ids=stop_ids, top_logits=top_logits, result=result
+        ):
             if on_text is not None:
                 on_text(text)
         return result[0]

@@ -1,0 +1,35 @@
+"""numba, imported with LLVM's SLP vectorizer on (numba disables it by default; our quantized kernels need it).
+
+numba's cache key ignores ``NUMBA_SLP_VECTORIZE``, so the variable is set before numba is first imported
+(``workbench/__init__`` sets it too); a process that imported numba earlier without it gets a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+_preloaded = "numba" in sys.modules
+os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+if _preloaded and os.environ.get("NUMBA_SLP_VECTORIZE") != "1":
+    warnings.warn(
+        "numba was imported before workbench without NUMBA_SLP_VECTORIZE=1: CPU kernels will be slow",
+        stacklevel=2,
+    )
+
+
+@numba.njit(parallel=True, cache=True, fastmath=True)
+def stream_sum(a):  # pragma: no cover - compiled
+    """Sum of a float32 array across threads (a prange reduction): measures streaming read bandwidth."""
+    s = np.float32(0.0)
+    for i in numba.prange(a.shape[0]):
+        s += a[i]
+    return s
+
+
+__all__ = ["numba", "stream_sum"]

@@ -1,0 +1,229 @@
+"""``workbench bench``: warm-ups, N timed repeats of prefill + decode, medians with bootstrap intervals,
+optionally alternating with llama.cpp on the same GGUF, prompt, lengths and threads, and a profiled run.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..experiments.records import write_record
+from ..instrument import environment
+from ..instrument.profiler import Profiler, by_kind, overhead_summary
+from ..models.model import Model
+from ..runtime.engine import Engine
+from .stats import median_ci, percentiles, ratio_ci
+
+PROMPT_TEXT = Path(__file__).resolve().parents[1] / "data" / "declaration.txt"
+
+
+@dataclass
+class BenchConfig:
+    model: str = "gemma3-270m"
+    backend: str = "auto"
+    prompt_tokens: int = 128
+    gen_tokens: int = 32
+    repeats: int = 5
+    warmups: int = 1
+    threads: int | None = None
+    vs: str | None = None
+    trace: str | None = None
+    profile: bool = True
+    backend_options: dict[str, Any] | None = None
+
+    def validate(self) -> None:
+        if self.prompt_tokens < 1:
+            raise ValueError(f"--prompt-tokens must be >= 1, got {self.prompt_tokens}")
+        if self.gen_tokens < 1:
+            raise ValueError(f"--gen-tokens must be >= 1, got {self.gen_tokens}")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.warmups < 0:
+            raise ValueError(f"--warmups must be >= 0, got {self.warmups}")
+        if self.vs not in (None, "llama.cpp"):
+            raise ValueError(f"--vs accepts only 'llama.cpp', got {self.vs!r}")
+
+
+def bench_prompt(model: Model, n: int) -> list[int]:
+    """Exactly ``n`` token ids: BOS (if the model adds one) then English text, repeated as needed."""
+    tok = model.tokenizer
+    text_ids = tok.encode(PROMPT_TEXT.read_text(encoding="utf-8"), add_bos=False)
+    ids = [tok.bos_id] if tok.add_bos else []
+    while len(ids) < n:
+        ids.extend(text_ids[: n - len(ids)])
+    return ids[:n]
+
+
+@dataclass
+class RunTiming:
+    prefill_s: float
+    ttft_s: float
+    decode_latencies_s: list[float]
+
+    @property
+    def decode_s(self) -> float:
+        return float(sum(self.decode_latencies_s))
+
+
+def time_ours(engine: Engine, prompt: list[int], gen: int) -> RunTiming:
+    """One repeat: prefill the prompt, then ``gen`` greedy decode steps, each timed."""
+    seq = engine.new_sequence(max_len=len(prompt) + gen + 1)
+    t0 = time.perf_counter()
+    logits = engine.forward(seq, prompt)
+    t1 = time.perf_counter()
+    tok = int(np.argmax(logits))
+    ttft = time.perf_counter() - t0
+    lat = []
+    for _ in range(gen):
+        ts = time.perf_counter()
+        logits = engine.forward(seq, [tok], phase="decode")
+        tok = int(np.argmax(logits))
+        lat.append(time.perf_counter() - ts)
+    return RunTiming(t1 - t0, ttft, lat)
+
+
+def summarize(runs: list[RunTiming], prompt_tokens: int, gen: int) -> dict[str, Any]:
+    pre = [prompt_tokens / r.prefill_s for r in runs]
+    dec = [gen / r.decode_s for r in runs]
+    lat = [x for r in runs for x in r.decode_latencies_s]
+    return {
+        "prefill_tok_s": median_ci(pre),
+        "decode_tok_s": median_ci(dec),
+        "time_to_first_token_s": median_ci([r.ttft_s for r in runs]),
+        "decode_latency_s": percentiles(lat),
+        "samples": {"prefill_tok_s": pre, "decode_tok_s": dec},
+    }
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
+    """Run the benchmark of ``cfg``; write a run record; return the result (see ``workbench bench --json``)."""
+    from .. import load
+
+    cfg.validate()
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    model = load(cfg.model)
+    opts = dict(cfg.backend_options or {})
+    if cfg.threads is not None:
+        opts["threads"] = cfg.threads
+    engine = Engine(model, cfg.backend, max_context=cfg.prompt_tokens + cfg.gen_tokens + 8, **opts)
+    prompt = bench_prompt(model, cfg.prompt_tokens)
+    theirs = None
+    if cfg.vs == "llama.cpp":
+        from .llama_cpp import LlamaCppRunner
+
+        if model.kind not in ("gguf", "synthetic"):
+            raise ValueError("--vs llama.cpp needs a GGUF model (llama.cpp reads only GGUF)")
+        theirs = LlamaCppRunner(
+            model.source,
+            threads=cfg.threads or engine.backend.threads_used(),
+            n_ctx=cfg.prompt_tokens + cfg.gen_tokens + 16,
+        )
+    dev = engine.backend.device
+    log(
+        f"bench: {model.name}{' (SYNTHETIC weights)' if model.synthetic else ''} on {engine.backend.name} "
+        f"({dev.label()}), prompt {cfg.prompt_tokens}, gen {cfg.gen_tokens}, {cfg.warmups} warm-up + "
+        f"{cfg.repeats} repeats{', alternating with llama.cpp' if theirs else ''}"
+    )
+    try:
+        t_warm = time.perf_counter()
+        for _ in range(cfg.warmups):
+            time_ours(engine, prompt, cfg.gen_tokens)
+            if theirs:
+                theirs.run(prompt, cfg.gen_tokens)
+        warm_s = time.perf_counter() - t_warm
+        ours_runs, their_runs = [], []
+        for i in range(cfg.repeats):
+            ours_runs.append(time_ours(engine, prompt, cfg.gen_tokens))
+            if theirs:
+                their_runs.append(theirs.run(prompt, cfg.gen_tokens))
+            r = ours_runs[-1]
+            log(
+                f"  repeat {i + 1}/{cfg.repeats}: prefill {cfg.prompt_tokens / r.prefill_s:8.1f} tok/s, "
+                f"decode {cfg.gen_tokens / r.decode_s:7.1f} tok/s"
+                + (
+                    f"  | llama.cpp {cfg.prompt_tokens / their_runs[-1].prefill_s:8.1f} / "
+                    f"{cfg.gen_tokens / their_runs[-1].decode_s:7.1f}"
+                    if theirs
+                    else ""
+                )
+            )
+        ours = summarize(ours_runs, cfg.prompt_tokens, cfg.gen_tokens)
+        ours["peak_rss_bytes"] = peak_rss_bytes()
+        tables: dict[str, Any] = {}
+        profile_info: dict[str, Any] = {}
+        if cfg.profile or cfg.trace:
+            prof = Profiler()
+            engine.observer = prof
+            prof_runs = [
+                time_ours(engine, prompt, cfg.gen_tokens) for _ in range(2 if cfg.repeats > 1 else 1)
+            ]
+            engine.observer = None
+            ops, steps = prof.dataframe(), prof.step_frame()
+            tables = {"ops": ops, "steps": steps}
+            plain = np.median([cfg.gen_tokens / r.decode_s for r in ours_runs])
+            profiled = np.median([cfg.gen_tokens / r.decode_s for r in prof_runs])
+            decode_ops = ops[ops["phase"] == "decode"]
+            profile_info = {
+                "profiling_overhead": float(plain / profiled - 1.0),
+                "steps": overhead_summary(steps),
+                "decode_by_kind": by_kind(decode_ops).reset_index().to_dict("records")
+                if len(decode_ops)
+                else [],
+            }
+            if cfg.trace:
+                from ..instrument.trace import write_trace
+
+                profile_info["trace"] = str(write_trace(prof, cfg.trace))
+        result: dict[str, Any] = {
+            "prefill_tok_s": ours["prefill_tok_s"]["median"],
+            "decode_tok_s": ours["decode_tok_s"]["median"],
+            "ours": ours,
+            "warmup_s": warm_s,
+            "profile": profile_info,
+        }
+        if theirs:
+            t = summarize(their_runs, cfg.prompt_tokens, cfg.gen_tokens)
+            t["peak_rss_bytes"] = theirs.peak_rss_bytes()
+            t["version"] = theirs.version
+            result["llama_cpp"] = t
+            pr = ratio_ci(ours["samples"]["prefill_tok_s"], t["samples"]["prefill_tok_s"])
+            dr = ratio_ci(ours["samples"]["decode_tok_s"], t["samples"]["decode_tok_s"])
+            result["vs_llama_cpp"] = {
+                "prefill_ratio": pr["ratio"],
+                "decode_ratio": dr["ratio"],
+                "prefill_ratio_ci": [pr["lo"], pr["hi"]],
+                "decode_ratio_ci": [dr["lo"], dr["hi"]],
+            }
+        how = f"measured on {dev.label()} ({dev.kind})"
+        if model.synthetic:
+            how += ", synthetic weights"
+        record = {
+            "kind": "bench",
+            "how": how,
+            "command": " ".join(sys.argv),
+            "config": asdict(cfg),
+            "model": model.describe(),
+            "backend": engine.backend.name,
+            "device": dev.label(),
+            "environment": environment.capture(engine.backend, cfg.threads),
+            "results": result,
+        }
+        path = write_record(record, tables)
+        result["record"] = str(path)
+        result["how"] = how
+        result["backend"], result["device"], result["model"] = engine.backend.name, dev.label(), model.name
+        return result
+    finally:
+        engine.close()
+        if theirs:
+            theirs.close()

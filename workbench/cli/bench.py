@@ -1,0 +1,90 @@
+"""``workbench bench``: prefill and decode speed, medians with intervals, optionally vs llama.cpp."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_json_arg, add_model_args, positive_int
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark prefill and decode (medians, bootstrap intervals, run record)"
+    )
+    add_model_args(p)
+    p.add_argument("--backend", "-b", default="auto", help="numpy | cpu | vulkan | npu | auto")
+    p.add_argument("--prompt-tokens", "-p", type=positive_int, default=128)
+    p.add_argument("--gen-tokens", "-g", type=positive_int, default=32)
+    p.add_argument("--repeats", "-r", type=positive_int, default=5)
+    p.add_argument("--warmups", type=int, default=1)
+    p.add_argument(
+        "--threads", "-t", type=positive_int, default=None, help="host threads (ours and llama.cpp's)"
+    )
+    p.add_argument(
+        "--vs", choices=["llama.cpp"], default=None, help="alternate runs with llama.cpp on the same GGUF"
+    )
+    p.add_argument(
+        "--trace", default=None, help="write a Chrome/Perfetto trace of a profiled run to this path"
+    )
+    p.add_argument("--no-profile", action="store_true", help="skip the profiled run (op rows in the record)")
+    p.add_argument("--tune", default=None, help="backend tunables, e.g. matvec.wg=64 (Vulkan)")
+    p.add_argument("--debug", action="store_true")
+    add_json_arg(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.harness import BenchConfig, run_bench
+    from . import emit_json
+
+    opts = {"tune": args.tune} if args.tune else None
+    cfg = BenchConfig(
+        args.model,
+        args.backend,
+        args.prompt_tokens,
+        args.gen_tokens,
+        args.repeats,
+        args.warmups,
+        args.threads,
+        args.vs,
+        args.trace,
+        not args.no_profile,
+        opts,
+    )
+    res = run_bench(cfg)
+    if args.json:
+        emit_json(res)
+        return 0
+    o = res["ours"]
+    print(f"{res['model']} on {res['backend']} ({res['how']})")
+    for key, label in (
+        ("prefill_tok_s", "prefill tok/s"),
+        ("decode_tok_s", "decode tok/s"),
+        ("time_to_first_token_s", "time to first token s"),
+    ):
+        v = o[key]
+        print(
+            f"  {label:<24} {v['median']:10.3f}  [{v['lo']:.3f}, {v['hi']:.3f}] (median, 95% CI, n={v['n']})"
+        )
+    lat = o["decode_latency_s"]
+    print(
+        f"  decode latency ms        p50 {lat['p50'] * 1e3:.2f}  p90 {lat['p90'] * 1e3:.2f}  p99 {lat['p99'] * 1e3:.2f}"
+    )
+    print(f"  peak RSS                 {o['peak_rss_bytes'] / 2**20:.0f} MiB")
+    if "vs_llama_cpp" in res:
+        v, t = res["vs_llama_cpp"], res["llama_cpp"]
+        print(
+            f"  llama.cpp {t['version']}: prefill {t['prefill_tok_s']['median']:.1f} tok/s, decode "
+            f"{t['decode_tok_s']['median']:.1f} tok/s"
+        )
+        print(
+            f"  ratio ours/llama.cpp     prefill {v['prefill_ratio']:.3f} {v['prefill_ratio_ci']}, "
+            f"decode {v['decode_ratio']:.3f} {v['decode_ratio_ci']}"
+        )
+    prof = res.get("profile") or {}
+    if prof:
+        print(f"  profiling overhead       {prof['profiling_overhead'] * 100:+.1f}% of decode time")
+        for k, val in prof["steps"].items():
+            print(f"  {k:<24} {val:.3f}")
+    print(f"  record: {res['record']}")
+    return 0

@@ -1,0 +1,72 @@
+"""The environment of a run: host, threads, package versions, git commit, and the backend's device."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..hostinfo import host_cores, host_cpu_name
+
+PACKAGES = ("numpy", "numba", "vulkan", "gguf", "sentencepiece", "pandas", "llama_cpp_python")
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def git_commit() -> dict[str, Any]:
+    """Commit of the workbench checkout (and whether it has uncommitted changes), if it is one."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = (
+            subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            != ""
+        )
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def capture(backend=None, threads: int | None = None) -> dict[str, Any]:
+    """A self-describing snapshot of where and with what a run happened."""
+    from .. import __version__
+
+    env: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": host_cpu_name(),
+        "cores": host_cores(),
+        "threads": threads,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": sys.version.split()[0],
+        "workbench": __version__,
+        "packages": {p: _version(p) for p in PACKAGES},
+        "git": git_commit(),
+        "numba_slp_vectorize": os.environ.get("NUMBA_SLP_VECTORIZE"),
+    }
+    if backend is not None:
+        dev = backend.device
+        env["backend"] = backend.name
+        env["device"] = {"name": dev.name, "kind": dev.kind, **{k: v for k, v in dev.details.items()}}
+    return env
