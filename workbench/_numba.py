@@ -2,6 +2,8 @@
 
 numba's cache key ignores ``NUMBA_SLP_VECTORIZE``, so the variable is set before numba is first imported
 (``workbench/__init__`` sets it too); a process that imported numba earlier without it gets a warning.
+numba's cache also ignores changes to code a kernel calls from other files (our LLVM intrinsics), so the
+cache folder is keyed by a hash of the kernel sources, numba's version and that variable.
 """
 
 from __future__ import annotations
@@ -13,8 +15,26 @@ import warnings
 _preloaded = "numba" in sys.modules
 os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
 
+import hashlib  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+
+from .paths import cache_dir  # noqa: E402
+
+
+def _kernel_digest() -> str:
+    here = Path(__file__).parent
+    h = hashlib.blake2b(digest_size=8)
+    for f in sorted([Path(__file__), *(here / "backends").rglob("*.py")]):
+        h.update(f.read_bytes())
+    h.update(f"{numba.__version__}|{os.environ.get('NUMBA_SLP_VECTORIZE')}".encode())
+    return h.hexdigest()
+
+
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    numba.config.CACHE_DIR = str(cache_dir("numba") / _kernel_digest())
 
 if _preloaded and os.environ.get("NUMBA_SLP_VECTORIZE") != "1":
     warnings.warn(

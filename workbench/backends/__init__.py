@@ -12,6 +12,7 @@ from .base import Backend, BackendUnavailableError, DeviceInfo, SeqSlice, Step, 
 # name -> "module:Class"; a backend module may raise BackendUnavailableError when its device is absent.
 REGISTRY: dict[str, str] = {
     "numpy": "workbench.backends.numpy_ref:NumpyBackend",
+    "cpu": "workbench.backends.numba_cpu:CpuBackend",
 }
 ALL_NAMES = ("numpy", "cpu", "vulkan", "npu")
 AUTO_ORDER = ("vulkan", "cpu", "numpy")
@@ -46,13 +47,16 @@ def probe_backends() -> list[dict[str, Any]]:
 
 
 def make_backend(name: str, model: Model, **options: Any) -> Backend:
-    """Create backend ``name`` for ``model``. ``auto`` takes the fastest that works here, and says which."""
+    """Create backend ``name`` for ``model``. ``auto`` takes the fastest that works here, and says which.
+
+    ``options`` (threads, tune, ...) go to the backend; with ``auto`` to each candidate tried.
+    """
     if name != "auto":
         return backend_class(name)(model, **options)
     errors = []
     for cand in auto_candidates():
         try:
-            backend = backend_class(cand)(model, **options.get(cand, {}))
+            backend = backend_class(cand)(model, **options)
         except BackendUnavailableError as e:
             errors.append(f"{cand}: {e}")
             continue

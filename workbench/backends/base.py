@@ -117,14 +117,49 @@ def check_threads(threads: int | None) -> int | None:
     return threads
 
 
+def parse_tune(text: str | None) -> dict[str, str]:
+    """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (backend tunables from ``--tune``)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"tunable {item!r} is not name=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
 class Backend(ABC):
-    """A backend prepared for one model."""
+    """A backend prepared for one model.
+
+    ``tune`` is the ``--tune`` text (``name=value,...``); a backend takes the names it knows with
+    :meth:`tunable` and calls :meth:`check_tunables_used` so that a misspelt name is an error.
+    """
 
     name: str = "?"
+    tunable_names: tuple[str, ...] = ()
 
-    def __init__(self, model: Model, threads: int | None = None):
+    def __init__(self, model: Model, threads: int | None = None, tune: str | None = None):
         self.model = model
         self.threads = check_threads(threads)
+        self._tune = parse_tune(tune)
+        unknown = sorted(set(self._tune) - set(self.tunable_names))
+        if unknown:
+            known = ", ".join(self.tunable_names) or "none"
+            raise ValueError(f"{self.name} backend: unknown tunables {unknown} (known: {known})")
+
+    def tunable(self, name: str, default: Any) -> Any:
+        """The ``--tune`` value of ``name`` converted to the type of ``default``, else ``default``."""
+        if name not in self._tune:
+            return default
+        text = self._tune[name]
+        if isinstance(default, bool):
+            return text.lower() not in ("0", "false", "no", "off")
+        try:
+            return type(default)(text)
+        except ValueError:
+            raise ValueError(
+                f"{self.name} backend: tunable {name}={text!r} is not a {type(default).__name__}"
+            ) from None
 
     @property
     @abstractmethod

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ..hostinfo import host_cpu_name
 from ..models.model import Model
@@ -81,6 +82,12 @@ def _softcap(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     env[op.outputs[0]] = ref.softcap(env[op.inputs[0]], op.attrs["cap"])
 
 
+def _fused(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    """A fused op (see :mod:`workbench.ops.fusion`) runs as its parts: that is its reference semantics."""
+    for part in op.attrs["parts"]:
+        KERNELS[part.kind](b, part, env, step)
+
+
 KERNELS: dict[str, Kernel] = {
     "embed": _embed,
     "rmsnorm": _rmsnorm,
@@ -99,9 +106,11 @@ class NumpyBackend(Backend):
 
     name = "numpy"
 
-    def __init__(self, model: Model, threads: int | None = None):
-        super().__init__(model, threads)
+    def __init__(self, model: Model, threads: int | None = None, tune: str | None = None):
+        super().__init__(model, threads, tune)
         self._f32: dict[str, np.ndarray] = {}
+        if self.threads:
+            ThreadpoolController().limit(limits=self.threads, user_api="blas")
 
     @property
     def device(self) -> DeviceInfo:
@@ -109,7 +118,7 @@ class NumpyBackend(Backend):
             "numpy",
             host_cpu_name(),
             "cpu",
-            {"dtype": "float32", "threads": "BLAS default (not set)", "profile": "host"},
+            {"dtype": "float32", "threads": self.threads or "BLAS default", "profile": "host"},
         )
 
     @classmethod
@@ -121,7 +130,7 @@ class NumpyBackend(Backend):
         }
 
     def supports(self, op: Op) -> bool:
-        return op.kind in KERNELS
+        return op.kind in KERNELS or all(self.supports(p) for p in op.attr("parts", ()))
 
     def weight(self, name: str) -> np.ndarray:
         w = self._f32.get(name)
@@ -136,7 +145,7 @@ class NumpyBackend(Backend):
         self.check_tokens(step)
         env: Env = {"tokens": step.tokens, "positions": step.positions, "logit_rows": step.logit_rows}
         for op in graph.ops:
-            kernel = KERNELS.get(op.kind)
+            kernel = KERNELS.get(op.kind) or (_fused if "parts" in op.attrs else None)
             if kernel is None:
                 raise UnsupportedOpError(f"numpy backend: op {op.name!r} has unsupported kind {op.kind!r}")
             if observer is None:

@@ -112,6 +112,12 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
     cfg.validate()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     model = load(cfg.model)
+    need = cfg.prompt_tokens + cfg.gen_tokens + 8
+    if need > model.config.context_length:
+        raise ValueError(
+            f"--prompt-tokens + --gen-tokens ({cfg.prompt_tokens} + {cfg.gen_tokens}) exceed the context of "
+            f"{cfg.model} ({model.config.context_length} tokens)"
+        )
     opts = dict(cfg.backend_options or {})
     if cfg.threads is not None:
         opts["threads"] = cfg.threads

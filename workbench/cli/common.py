@@ -22,7 +22,18 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
         "--backend", "-b", default="auto", help="numpy | cpu | vulkan | npu | auto (default: auto)"
     )
     p.add_argument(
-        "--max-context", type=int, default=None, help="context limit in tokens (default: the model's)"
+        "--max-context",
+        type=positive_int,
+        default=None,
+        help="context limit in tokens (default: the model's)",
+    )
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="host threads (default: all cores)"
+    )
+    p.add_argument(
+        "--tune",
+        default=None,
+        help="backend tunables name=value,... (cpu: act_quant=int16|int8|none, fused=0|1)",
     )
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
 

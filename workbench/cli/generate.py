@@ -55,7 +55,14 @@ def run(args: argparse.Namespace) -> int:
     )
     model = load(args.model)
     profiler = Profiler() if (args.profile or args.trace) else None
-    engine = Engine(model, args.backend, max_context=args.max_context, observer=profiler)
+    engine = Engine(
+        model,
+        args.backend,
+        max_context=args.max_context,
+        observer=profiler,
+        threads=args.threads,
+        tune=args.tune,
+    )
     try:
         show = None
         if not args.json:

@@ -63,14 +63,25 @@ class LayerKV:
             keys = np.concatenate([self.keys[held][order], k.astype(self.dtype)])
             vals = np.concatenate([self.values[held][order], v.astype(self.dtype)])
             kpos = np.concatenate([self.pos[held][order], positions.astype(np.int64)])
+            self.write(positions, k, v)
+            return keys, vals, kpos
+        self.write(positions, k, v)
+        end = int(positions[-1]) + 1
+        return self.keys[:end], self.values[:end], np.arange(end, dtype=np.int64)
+
+    def write(self, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Store keys/values at ``positions`` (slot = position, or position mod ring on sliding layers).
+
+        Kernels that attend over the slots in place (visibility from ``pos``) call this, then read
+        ``keys``/``values``/``pos`` directly.
+        """
+        if self.window:
             keep = slice(max(0, len(positions) - self.ring), len(positions))
             slots = positions[keep] % self.ring
             self.keys[slots], self.values[slots], self.pos[slots] = k[keep], v[keep], positions[keep]
-            return keys, vals, kpos
-        end = int(positions[-1]) + 1
-        self._grow(end)
+            return
+        self._grow(int(positions[-1]) + 1)
         self.keys[positions], self.values[positions], self.pos[positions] = k, v, positions
-        return self.keys[:end], self.values[:end], np.arange(end, dtype=np.int64)
 
     def truncate(self, length: int) -> None:
         """Forget positions >= length."""

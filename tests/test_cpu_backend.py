@@ -1,0 +1,183 @@
+"""The numba ``cpu`` backend: each kernel against the numpy reference, fused graphs, whole-model logits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.backends import make_backend
+from workbench.backends.base import Step, UnsupportedOpError
+from workbench.backends.numba_cpu import attend
+from workbench.backends.numba_cpu import kernels as k
+from workbench.backends.numba_cpu import matvec as mv
+from workbench.models.synth import random_blocks
+from workbench.ops import reference as ref
+from workbench.ops.fusion import fuse
+from workbench.quant.dequant import dequantize
+from workbench.quant.formats import GGMLType
+
+QUANTS = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+
+
+def _quantized_activations(x: np.ndarray, levels: int):
+    xq = np.empty(x.shape, np.int16)
+    xd = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    xs = np.empty_like(xd)
+    mv.quantize_rows_i16(x, levels, xq, xd, xs)
+    return xq, xd, xs
+
+
+def _check_matvec(qtype: GGMLType, raw: np.ndarray, cols: int, x: np.ndarray) -> None:
+    w = dequantize(raw, qtype).reshape(raw.shape[0], cols)
+    want = x @ w.T
+    scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
+    n_units = mv.units(qtype, cols)
+    out = np.empty_like(want)
+    xs = np.empty((x.shape[0], cols // 32), np.float32)
+    mv.block_sums(x, xs)
+    mv.matvec_f32(int(qtype), raw, n_units, x, xs, out)
+    assert np.abs(out - want).max() <= 2e-6 * scale
+    mv.matvec_i16(int(qtype), raw, n_units, *_quantized_activations(x, 32767), out)
+    assert np.abs(out - want).max() <= 2e-4 * scale
+    dense = np.empty((raw.shape[0], cols), np.float32)
+    mv.dequantize_rows(int(qtype), raw, n_units, 0, dense)
+    np.testing.assert_array_equal(dense, w)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    qtype=st.sampled_from(QUANTS),
+    rows=st.integers(1, 70),
+    units=st.integers(1, 5),
+    t=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+)
+def test_matvec_random_blocks(qtype, rows, units, t, seed):
+    rng = np.random.default_rng(seed)
+    cols = units * mv.DECODERS[qtype].unit_values
+    raw = random_blocks(qtype, rows, cols, rng)
+    _check_matvec(qtype, raw, cols, rng.standard_normal((t, cols)).astype(np.float32))
+
+
+def test_matvec_real_tensors(default_model):
+    rng = np.random.default_rng(0)
+    seen = set()
+    for qt in default_model.weights.values():
+        if qt.type in mv.QUANT_TYPES and qt.type not in seen and len(qt.shape) == 2:
+            seen.add(qt.type)
+            raw = qt.raw[:300]
+            _check_matvec(qt.type, raw, qt.cols, rng.standard_normal((2, qt.cols)).astype(np.float32))
+    assert seen >= {GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K}
+
+
+@settings(max_examples=10, deadline=None)
+@given(t=st.integers(1, 4), heads=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**31))
+def test_small_kernels_match_reference(t, heads, seed):
+    rng = np.random.default_rng(seed)
+    hd = 16
+    x = rng.standard_normal((t, heads * hd)).astype(np.float32) * 3
+    w = rng.standard_normal(hd).astype(np.float32)
+    out = np.empty_like(x)
+    k.rmsnorm(x, w, 1e-6, hd, out)
+    np.testing.assert_allclose(out, ref.rmsnorm(x, w, 1e-6, hd), rtol=1e-5, atol=1e-5)
+    pos = rng.integers(0, 5000, t).astype(np.int32)
+    cos, sin = ref.rope_tables(pos, hd, 10000.0)
+    k.rmsnorm_rope(x, w, 1e-6, cos, sin, hd, out)
+    want = ref.rope(ref.rmsnorm(x, w, 1e-6, hd), pos, heads, hd, 10000.0)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    k.gelu_mul(x, x[::-1].copy(), out)
+    np.testing.assert_allclose(out, ref.gelu_mul(x, x[::-1]), rtol=1e-5, atol=1e-5)
+    k.softcap(x * 20, 30.0, out)
+    np.testing.assert_allclose(out, ref.softcap(x * 20, 30.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_over_ring_slots_matches_reference(window):
+    rng = np.random.default_rng(1)
+    hd, nh, nkv, n = 8, 4, 2, 12
+    keys = rng.standard_normal((16, nkv * hd)).astype(np.float32)
+    vals = rng.standard_normal((16, nkv * hd)).astype(np.float32)
+    kpos = np.full(16, -1, np.int64)
+    kpos[:n] = np.arange(n)
+    q = rng.standard_normal((1, nh * hd)).astype(np.float32)
+    a = {"head_dim": hd, "n_heads": nh, "n_kv_heads": nkv, "scale": 0.3, "window": window}
+    got = attend(q, keys, vals, np.array([n - 1]), kpos, a)
+    want = ref.attention(q, keys[:n], vals[:n], np.array([n - 1]), kpos[:n], nh, nkv, hd, 0.3, window)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_graph_on_numpy_equals_unfused(default_model):
+    b = make_backend("numpy", default_model)
+    toks = default_model.tokenizer.encode("Fusion must not change the numbers.")
+    g = default_model.graph(len(toks), 2)
+    fused = fuse(g)
+    kinds = {op.kind for op in fused.ops}
+    assert {"rmsnorm_matmul", "rmsnorm_matmul_gelu", "rmsnorm_rope", "matmul_rmsnorm_add"} <= kinds
+    assert len(fused.ops) < len(g.ops)
+    rows = np.array([0, len(toks) - 1])
+    a = b.run(g, Step.single(b.new_cache(64), toks, 0, rows))
+    f = b.run(fused, Step.single(b.new_cache(64), toks, 0, rows))
+    np.testing.assert_array_equal(a, f)
+
+
+def _logits(backend, model, toks, n_decode=3):
+    cache = backend.new_cache(64)
+    g = backend.prepare_graph(model.graph(len(toks), len(toks)))
+    outs = [backend.run(g, Step.single(cache, toks, 0, "all"))]
+    nxt = int(outs[-1][-1].argmax())
+    for i in range(n_decode):
+        g1 = backend.prepare_graph(model.graph(1, 1))
+        outs.append(backend.run(g1, Step.single(cache, [nxt], len(toks) + i, "last", "decode")))
+        nxt = int(outs[-1][-1].argmax())
+    return outs
+
+
+@pytest.fixture(scope="module")
+def reference_logits(default_model):
+    toks = default_model.tokenizer.encode("The capital of France is Paris, and the capital of Germany is")
+    return toks, _logits(make_backend("numpy", default_model), default_model, toks)
+
+
+@pytest.mark.parametrize(("act_quant", "tol"), [("int16", 0.05), ("none", 1e-3)])
+def test_whole_model_logits_match_numpy(default_model, reference_logits, act_quant, tol):
+    toks, want = reference_logits
+    cpu = make_backend("cpu", default_model, act_quant=act_quant, threads=2)
+    got = _logits(cpu, default_model, toks)
+    for g, w in zip(got, want, strict=True):
+        assert np.abs(g - w).max() < tol
+    assert cpu.jit["warm_up_s"] > 0 and isinstance(cpu.jit["from_cache"], bool)
+
+
+def test_one_and_two_threads_give_identical_logits(default_model):
+    toks = default_model.tokenizer.encode("Threads must not change results.")
+    one = _logits(make_backend("cpu", default_model, threads=1), default_model, toks, 2)
+    two = _logits(make_backend("cpu", default_model, threads=2), default_model, toks, 2)
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bad_options_are_clear_errors(default_model):
+    with pytest.raises(ValueError, match="threads"):
+        make_backend("cpu", default_model, threads=0)
+    with pytest.raises(ValueError, match="threads"):
+        make_backend("cpu", default_model, threads=100000)
+    with pytest.raises(ValueError, match="act_quant"):
+        make_backend("cpu", default_model, act_quant="int3")
+    with pytest.raises(ValueError, match="unknown tunables"):
+        make_backend("cpu", default_model, tune="act_qaunt=int8")
+    with pytest.raises(ValueError, match="unknown tunables"):
+        make_backend("numpy", default_model, tune="fused=0")
+
+
+def test_unsupported_tensor_type_names_tensor_and_type(default_model):
+    weights = dict(default_model.weights.items())
+    name = "blk.0.attn_q.weight"
+    weights[name] = dataclasses.replace(weights[name], type=GGMLType.Q4_1, _raw=None)
+    model = dataclasses.replace(default_model, weights=weights)
+    model._graphs = {}
+    with pytest.raises(UnsupportedOpError, match=r"blk\.0\.attn_q\.weight.*Q4_1"):
+        make_backend("cpu", model)

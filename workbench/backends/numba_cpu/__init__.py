@@ -1,0 +1,424 @@
+"""The ``cpu`` backend: numba kernels on weights in their GGUF block formats, fused ops, host threads.
+
+Decode (a few activation rows) multiplies quantized weights in place with fused dequantize-and-dot
+kernels, activations quantized per 32-block (``act_quant``: ``int16`` default, ``int8`` as llama.cpp does,
+``none`` for the exact float path). Prefill (many rows) dequantizes weights to float32 (kept while they
+fit in ``dense_cache_mib``, else tile by tile) and multiplies with BLAS. The graph is rewritten with the
+fusions of :mod:`workbench.ops.fusion`; each fused kind has one handler here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from ..._numba import numba
+from ...hostinfo import host_cores, host_cpu_name
+from ...models.model import Model
+from ...ops import reference as ref
+from ...ops.fusion import fuse
+from ...ops.graph import Graph, Op
+from ...quant.formats import GGMLType
+from ...runtime.kv_cache import KVCache
+from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+from . import kernels as k
+from . import matvec as mv
+
+ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
+Env = dict[str, np.ndarray]
+
+
+@dataclass
+class CpuWeight:
+    """A weight as the cpu kernels read it: GGUF blocks (``fmt`` = type id) or float32 (``fmt`` = -1)."""
+
+    name: str
+    type: GGMLType
+    fmt: int
+    data: np.ndarray
+    n_units: int
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
+
+
+_EMPTY_W = np.zeros((0, 1), np.uint8)
+_EMPTY_O = np.zeros((1, 0), np.float32)
+
+
+class CpuBackend(Backend):
+    """numba kernels on the host CPU."""
+
+    name = "cpu"
+    tunable_names = ("act_quant", "fused", "gemv_max_rows", "dense_cache_mib")
+
+    def __init__(
+        self,
+        model: Model,
+        threads: int | None = None,
+        act_quant: str = "int16",
+        fused: bool = True,
+        gemv_max_rows: int = 4,
+        dense_cache_mib: int = 1024,
+        tune: str | None = None,
+    ):
+        super().__init__(model, threads, tune)
+        act_quant = self.tunable("act_quant", act_quant)
+        fused = self.tunable("fused", fused)
+        gemv_max_rows = self.tunable("gemv_max_rows", gemv_max_rows)
+        dense_cache_mib = self.tunable("dense_cache_mib", dense_cache_mib)
+        if act_quant not in ACT_QUANT:
+            raise ValueError(f"act_quant must be one of {sorted(ACT_QUANT)}, got {act_quant!r}")
+        if gemv_max_rows < 1 or dense_cache_mib < 0:
+            raise ValueError("gemv_max_rows must be >= 1 and dense_cache_mib >= 0")
+        self.act_quant, self.fused, self.gemv_max_rows = act_quant, fused, gemv_max_rows
+        self.dense_budget = dense_cache_mib << 20
+        self._dense: dict[str, np.ndarray] = {}
+        self._graphs: dict[int, Graph] = {}
+        self._rope: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._n_threads = self.threads or numba.config.NUMBA_NUM_THREADS
+        self._blas = ThreadpoolController()
+        self._blas_threads = 0
+        self.weights: dict[str, CpuWeight] = {}
+        self.norms: dict[str, np.ndarray] = {}
+        self._prepare()
+        self.jit = self._warm_up()
+
+    # -- setup -------------------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        graph = self.model.graph(1)
+        for op in graph.ops:
+            for name in op.weights:
+                qt = self.model.weights[name]
+                if op.kind == "rmsnorm":
+                    self.norms[name] = qt.dequantize().astype(np.float32).reshape(-1)
+                elif name not in self.weights:
+                    self.weights[name] = self._native(name)
+
+    def _native(self, name: str) -> CpuWeight:
+        qt = self.model.weights[name]
+        if qt.type in mv.QUANT_TYPES:
+            return CpuWeight(name, qt.type, int(qt.type), qt.raw, mv.units(qt.type, qt.cols))
+        if qt.type in mv.FLOAT_TYPES:
+            data = np.ascontiguousarray(qt.dequantize().reshape(qt.rows, qt.cols), dtype=np.float32)
+            return CpuWeight(name, qt.type, -1, data, 0)
+        supported = ", ".join(sorted(t.name for t in mv.QUANT_TYPES | mv.FLOAT_TYPES))
+        raise UnsupportedOpError(
+            f"cpu backend: tensor {name!r} is stored as {qt.type.name}, which has no cpu kernel "
+            f"(supported: {supported}); convert the model or use --backend numpy"
+        )
+
+    def _warm_up(self) -> dict[str, Any]:
+        """Compile (or load from numba's cache) every kernel the model needs, outside the token loop."""
+        t0 = time.perf_counter()
+        misses0 = _cache_misses()
+        for n in (self.gemv_max_rows + 1, 1):
+            cache = self.new_cache(n)
+            step = Step.single(cache, np.zeros(n, np.int32), 0, "last", "warmup")
+            self.run(self.prepare_graph(self.model.graph(n, 1)), step)
+        compiled = _cache_misses() - misses0
+        return {"warm_up_s": time.perf_counter() - t0, "kernels_compiled": compiled,
+                "from_cache": compiled == 0}  # fmt: skip
+
+    @property
+    def device(self) -> DeviceInfo:
+        return DeviceInfo(
+            "cpu",
+            host_cpu_name(),
+            "cpu",
+            {
+                "threads": self._n_threads,
+                "act_quant": self.act_quant,
+                "fused": self.fused,
+                "numba": numba.__version__,
+                "threading_layer": _threading_layer(),
+                "profile": "host",
+                **getattr(self, "jit", {}),
+            },
+        )
+
+    @classmethod
+    def probe(cls) -> dict:
+        return {
+            "available": True,
+            "reason": "",
+            "devices": [
+                {"name": host_cpu_name(), "kind": "cpu", "cores": host_cores(), "numba": numba.__version__}
+            ],
+        }
+
+    def threads_used(self) -> int:
+        return self._n_threads
+
+    def new_cache(self, max_len: int, slack: int = 0) -> KVCache:
+        return KVCache(self.model.config, max_len, slack)
+
+    def prepare_graph(self, graph: Graph) -> Graph:
+        if not self.fused:
+            return graph
+        g = self._graphs.get(id(graph))
+        if g is None:
+            g = self._graphs[id(graph)] = fuse(graph)
+        return g
+
+    def supports(self, op: Op) -> bool:
+        return op.kind in HANDLERS
+
+    def close(self) -> None:
+        self._dense.clear()
+
+    # -- execution -------------------------------------------------------------------------------------
+    def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
+        self.check_tokens(step)
+        numba.set_num_threads(self._n_threads)
+        # BLAS threads only for steps big enough to use them: on small steps an idle BLAS pool spinning
+        # beside numba's workers costs more than the small products gain (measured 4x slower attention)
+        self._set_blas_threads(self._n_threads if step.n_tokens > self.gemv_max_rows else 1)
+        self._rope.clear()
+        env: Env = {"tokens": step.tokens, "positions": step.positions, "logit_rows": step.logit_rows}
+        for op in graph.ops:
+            handler = HANDLERS.get(op.kind)
+            if handler is None:
+                raise UnsupportedOpError(f"cpu backend: op {op.name!r} has unsupported kind {op.kind!r}")
+            if observer is None:
+                handler(self, op, env, step)
+            else:
+                t0 = time.perf_counter()
+                handler(self, op, env, step)
+                observer.on_op(op, step, t0, time.perf_counter() - t0)
+        for s in step.seqs:
+            s.cache.length = int(step.positions[s.stop - 1]) + 1
+        return env[graph.outputs[0]]
+
+    def _set_blas_threads(self, n: int) -> None:
+        if n != self._blas_threads:
+            self._blas.limit(limits=n, user_api="blas")
+            self._blas_threads = n
+
+    def project(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+        """``x @ W.T`` for each weight: fused matvec for few rows, dequantized BLAS GEMM for many."""
+        ws = [self.weights[n] for n in names]
+        if x.shape[0] > self.gemv_max_rows or any(w.fmt < 0 for w in ws):
+            return [self._gemm(x, w) for w in ws]
+        outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
+        levels = ACT_QUANT[self.act_quant]
+        xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+        if levels:
+            xq = np.empty(x.shape, np.int16)
+            xd = np.empty_like(xs)
+            mv.quantize_rows_i16(x, levels, xq, xd, xs)
+        else:
+            mv.block_sums(x, xs)
+        for i in range(0, len(ws), 3):
+            slots: list[Any] = []
+            for j in range(3):
+                w = ws[i + j] if i + j < len(ws) else None
+                slots += [w.fmt, w.data, w.n_units, outs[i + j]] if w else [0, _EMPTY_W, 0, _EMPTY_O]
+            if levels:
+                mv.matvec3_i16(*slots, xq, xd, xs)
+            else:
+                mv.matvec3_f32(*slots, x, xs)
+        return outs
+
+    def _gemm(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
+        if w.fmt < 0:
+            return x @ w.data.T
+        dense = self._dense.get(w.name)
+        held = sum(a.nbytes for a in self._dense.values())
+        if dense is None and held + 4 * w.rows * x.shape[1] <= self.dense_budget:
+            dense = self._dense[w.name] = np.empty((w.rows, x.shape[1]), np.float32)
+            mv.dequantize_rows(w.fmt, w.data, w.n_units, 0, dense)
+        if dense is not None:
+            return x @ dense.T
+        out = np.empty((x.shape[0], w.rows), np.float32)
+        tile_rows = max(64, (8 << 20) // (4 * x.shape[1]))
+        tile = np.empty((tile_rows, x.shape[1]), np.float32)
+        for r0 in range(0, w.rows, tile_rows):
+            n = min(tile_rows, w.rows - r0)
+            mv.dequantize_rows(w.fmt, w.data, w.n_units, r0, tile[:n])
+            np.matmul(x, tile[:n].T, out=out[:, r0 : r0 + n])
+        return out
+
+    def rope_tables(self, op: Op, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a = op.attrs
+        key = (a["head_dim"], a["base"], a.get("scale", 1.0))
+        tab = self._rope.get(key)
+        if tab is None:
+            tab = self._rope[key] = ref.rope_tables(positions, *key)
+        return tab
+
+
+def _threading_layer() -> str:
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        return "not initialized"
+
+
+def _cache_misses() -> int:
+    return sum(sum(d.stats.cache_misses.values()) for d in _DISPATCHERS)
+
+
+_DISPATCHERS = [
+    getattr(m, n)
+    for m in (k, mv)
+    for n in dir(m)
+    if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
+]
+
+
+# -- op handlers ------------------------------------------------------------------------------------------
+Handler = Callable[[CpuBackend, Op, Env, Step], None]
+
+
+def _out(env: Env, name: str, like: np.ndarray, cols: int | None = None) -> np.ndarray:
+    arr = np.empty((like.shape[0], cols or like.shape[1]), np.float32)
+    env[name] = arr
+    return arr
+
+
+def _embed(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    w, tokens = b.weights[op.weights[0]], env[op.inputs[0]]
+    if w.fmt < 0:
+        out = w.data[tokens]
+    else:
+        out = np.empty((len(tokens), w.n_units * mv.DECODERS[w.type].unit_values), np.float32)
+        mv.dequantize_gather(w.fmt, w.data, w.n_units, tokens.astype(np.int64), out)
+    k.scale_rows(out, op.attrs["scale"])
+    env[op.outputs[0]] = out
+
+
+def _rmsnorm(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    x = env[op.inputs[0]]
+    w = b.norms[op.weights[0]]
+    k.rmsnorm(x, w, op.attrs["eps"], op.attr("group") or x.shape[1], _out(env, op.outputs[0], x))
+
+
+def _matmul(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = b.project(env[op.inputs[0]], op.weights)[0]
+
+
+def _rope(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    x = env[op.inputs[0]]
+    cos, sin = b.rope_tables(op, env[op.inputs[1]])
+    k.rope(x, cos, sin, op.attrs["head_dim"], _out(env, op.outputs[0], x))
+
+
+def _attention(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    a = op.attrs
+    q, key, v, pos = (env[n] for n in op.inputs)
+    out = _out(env, op.outputs[0], q)
+    for s in step.seqs:
+        layer = s.cache.layers[op.layer]
+        sl = slice(s.start, s.stop)
+        if s.stop - s.start == 1:  # decode: attend over the cache slots in place
+            layer.write(pos[sl], key[sl], v[sl])
+            n = min(layer.capacity, int(pos[s.start]) + 1)
+            keys, vals, kpos = layer.keys[:n], layer.values[:n], layer.pos[:n]
+        else:
+            keys, vals, kpos = layer.append(pos[sl], key[sl], v[sl])
+        out[sl] = attend(q[sl], keys, vals, pos[sl], kpos, a)
+
+
+def attend(
+    q: np.ndarray, keys: np.ndarray, vals: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, a
+) -> np.ndarray:
+    """Causal (sliding-window) GQA attention with 2-D BLAS products per KV head; ``kpos`` -1 = empty slot."""
+    hd, nkv, window = a["head_dim"], a["n_kv_heads"], a.get("window", 0)
+    t, group = q.shape[0], a["n_heads"] // nkv
+    seen = (kpos[None, :] >= 0) & (kpos[None, :] <= qpos[:, None])
+    if window:
+        seen &= kpos[None, :] > qpos[:, None] - window
+    penalty = np.where(seen, np.float32(0.0), np.float32(-np.inf))[:, None, :]
+    out = np.empty((t, nkv, group, hd), np.float32)
+    qh = q.reshape(t, nkv, group, hd)
+    for kh in range(nkv):
+        cols = slice(kh * hd, (kh + 1) * hd)
+        scores = (qh[:, kh].reshape(t * group, hd) @ keys[:, cols].T).reshape(t, group, -1)
+        scores = scores * np.float32(a["scale"]) + penalty
+        scores -= scores.max(axis=-1, keepdims=True)
+        p = np.exp(scores, out=scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        out[:, kh] = (p.reshape(t * group, -1) @ vals[:, cols]).reshape(t, group, hd)
+    return out.reshape(t, -1)
+
+
+def _gelu_mul(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    g, u = env[op.inputs[0]], env[op.inputs[1]]
+    k.gelu_mul(g, u, _out(env, op.outputs[0], g))
+
+
+def _add(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    x, y = env[op.inputs[0]], env[op.inputs[1]]
+    k.add(x, y, _out(env, op.outputs[0], x))
+
+
+def _gather_rows(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    x, rows = env[op.inputs[0]], env[op.inputs[1]]
+    env[op.outputs[0]] = x if len(rows) == len(x) and (rows == np.arange(len(x))).all() else x[rows]
+
+
+def _softcap(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    x = env[op.inputs[0]]
+    k.softcap(x, op.attrs["cap"], _out(env, op.outputs[0], x))
+
+
+def _norm_project(b: CpuBackend, norm: Op, mats: list[Op], env: Env) -> None:
+    x = env[norm.inputs[0]]
+    h = np.empty_like(x)
+    k.rmsnorm(x, b.norms[norm.weights[0]], norm.attrs["eps"], x.shape[1], h)
+    for m, y in zip(mats, b.project(h, tuple(m.weights[0] for m in mats)), strict=True):
+        env[m.outputs[0]] = y
+
+
+def _rmsnorm_matmul(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    norm, *mats = op.attrs["parts"]
+    _norm_project(b, norm, mats, env)
+
+
+def _rmsnorm_matmul_gelu(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    norm, *mats, act = op.attrs["parts"]
+    local = {norm.inputs[0]: env[norm.inputs[0]]}
+    _norm_project(b, norm, mats, local)
+    g, u = local[act.inputs[0]], local[act.inputs[1]]
+    k.gelu_mul(g, u, _out(env, act.outputs[0], g))
+
+
+def _rmsnorm_rope(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    norm, rope = op.attrs["parts"]
+    x = env[norm.inputs[0]]
+    cos, sin = b.rope_tables(rope, env[rope.inputs[1]])
+    k.rmsnorm_rope(x, b.norms[norm.weights[0]], norm.attrs["eps"], cos, sin, rope.attrs["head_dim"],
+                   _out(env, op.outputs[0], x))  # fmt: skip
+
+
+def _matmul_rmsnorm_add(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
+    mat, norm, addop = op.attrs["parts"]
+    y = b.project(env[mat.inputs[0]], mat.weights)[0]
+    residual = env[next(t for t in addop.inputs if t != norm.outputs[0])]
+    k.rmsnorm_add(
+        y, b.norms[norm.weights[0]], norm.attrs["eps"], residual, _out(env, op.outputs[0], residual)
+    )
+
+
+HANDLERS: dict[str, Handler] = {
+    "embed": _embed,
+    "rmsnorm": _rmsnorm,
+    "matmul": _matmul,
+    "rope": _rope,
+    "attention": _attention,
+    "gelu_mul": _gelu_mul,
+    "add": _add,
+    "gather_rows": _gather_rows,
+    "softcap": _softcap,
+    "rmsnorm_matmul": _rmsnorm_matmul,
+    "rmsnorm_matmul_gelu": _rmsnorm_matmul_gelu,
+    "rmsnorm_rope": _rmsnorm_rope,
+    "matmul_rmsnorm_add": _matmul_rmsnorm_add,
+}

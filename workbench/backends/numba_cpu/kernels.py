@@ -1,0 +1,130 @@
+"""numba kernels for the small ops of a step: norms, RoPE, activations, residual adds, decode attention.
+
+Each mirrors its reference in :mod:`workbench.ops.reference` (float32 arithmetic, same order of operations
+where it matters) and writes into an output array the caller owns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..._numba import numba
+
+njit = numba.njit
+F32 = np.float32
+
+
+@njit(cache=True, fastmath=True)
+def rmsnorm(x, w, eps, group, out):  # pragma: no cover - compiled
+    """RMSNorm of each ``group`` values of every row (group = row length for a plain norm)."""
+    t_n, k = x.shape
+    for t in range(t_n):
+        for g0 in range(0, k, group):
+            ss = np.float32(0.0)
+            for i in range(group):
+                v = x[t, g0 + i]
+                ss += v * v
+            inv = np.float32(1.0) / np.sqrt(ss / np.float32(group) + np.float32(eps))
+            for i in range(group):
+                out[t, g0 + i] = x[t, g0 + i] * inv * w[i]
+
+
+@njit(cache=True, fastmath=True)
+def rmsnorm_rope(x, w, eps, cos, sin, head_dim, out):  # pragma: no cover - compiled
+    """Per-head RMSNorm then rotate-half RoPE with tables ``cos``/``sin`` (tokens, head_dim)."""
+    t_n, k = x.shape
+    half = head_dim // 2
+    buf = np.empty(head_dim, np.float32)
+    for t in range(t_n):
+        for h0 in range(0, k, head_dim):
+            ss = np.float32(0.0)
+            for i in range(head_dim):
+                v = x[t, h0 + i]
+                ss += v * v
+            inv = np.float32(1.0) / np.sqrt(ss / np.float32(head_dim) + np.float32(eps))
+            for i in range(head_dim):
+                buf[i] = x[t, h0 + i] * inv * w[i]
+            for i in range(half):
+                a, b = buf[i], buf[i + half]
+                out[t, h0 + i] = a * cos[t, i] - b * sin[t, i]
+                out[t, h0 + half + i] = b * cos[t, half + i] + a * sin[t, half + i]
+
+
+@njit(cache=True, fastmath=True)
+def rope(x, cos, sin, head_dim, out):  # pragma: no cover - compiled
+    t_n, k = x.shape
+    half = head_dim // 2
+    for t in range(t_n):
+        for h0 in range(0, k, head_dim):
+            for i in range(half):
+                a, b = x[t, h0 + i], x[t, h0 + half + i]
+                out[t, h0 + i] = a * cos[t, i] - b * sin[t, i]
+                out[t, h0 + half + i] = b * cos[t, half + i] + a * sin[t, half + i]
+
+
+# tanh(x) ~ x * P(x^2) / Q(x^2) on |x| <= 7.905 (beyond, tanh rounds to +-1 in float32): a rational
+# minimax fit with error under 1e-6 that LLVM vectorizes (numba's tanh is a scalar libm call per element).
+_TANH_CLAMP = 7.90531110763549805
+_TANH_P = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
+           -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)  # fmt: skip
+_TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def tanh_approx(x):  # pragma: no cover - compiled
+    x = min(max(x, np.float32(-_TANH_CLAMP)), np.float32(_TANH_CLAMP))
+    x2 = x * x
+    p = np.float32(_TANH_P[6])
+    for i in range(5, -1, -1):
+        p = p * x2 + np.float32(_TANH_P[i])
+    q = np.float32(_TANH_Q[3])
+    for i in range(2, -1, -1):
+        q = q * x2 + np.float32(_TANH_Q[i])
+    return x * p / q
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def gelu_mul(gate, up, out):  # pragma: no cover - compiled
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    for t in numba.prange(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            g = gate[t, i]
+            th = tanh_approx(c * (g + np.float32(0.044715) * g * g * g))
+            out[t, i] = np.float32(0.5) * g * (np.float32(1.0) + th) * up[t, i]
+
+
+@njit(cache=True, fastmath=True)
+def add(a, b, out):  # pragma: no cover - compiled
+    for t in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            out[t, i] = a[t, i] + b[t, i]
+
+
+@njit(cache=True, fastmath=True)
+def rmsnorm_add(x, w, eps, residual, out):  # pragma: no cover - compiled
+    """``residual + rmsnorm(x) * w`` (post-norm and residual of a block)."""
+    t_n, k = x.shape
+    for t in range(t_n):
+        ss = np.float32(0.0)
+        for i in range(k):
+            ss += x[t, i] * x[t, i]
+        inv = np.float32(1.0) / np.sqrt(ss / np.float32(k) + np.float32(eps))
+        for i in range(k):
+            out[t, i] = residual[t, i] + x[t, i] * inv * w[i]
+
+
+@njit(cache=True, fastmath=True)
+def scale_rows(x, scale):  # pragma: no cover - compiled
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] *= np.float32(scale)
+
+
+@njit(cache=True, fastmath=True)
+def softcap(x, cap, out):  # pragma: no cover - compiled
+    inv = np.float32(1.0) / np.float32(cap)
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            out[t, i] = tanh_approx(x[t, i] * inv) * np.float32(cap)

@@ -1,0 +1,218 @@
+"""Quantized matrix-vector kernels (numba, parallel over output rows) on weights in their GGUF blocks.
+
+Every kernel takes the weight as ``uint8`` (rows, bytes per row), exactly as stored in the GGUF file, and
+a small number of activation rows (decode, batched decode, speculative verification); prefill of many
+tokens dequantizes weight tiles and multiplies with BLAS instead (see ``gemm.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._numba import numba
+from ...quant.formats import GGMLType
+from .simd import DECODERS, make_dequant, make_dot_f32, make_dot_i16
+
+njit, prange = numba.njit, numba.prange
+
+Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K = (
+    int(t) for t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+)
+F32, F16, BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
+QUANT_TYPES = frozenset(DECODERS)
+FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
+
+i16_q8_0, i16_q4_0, i16_q5_0, i16_q4_k, i16_q5_k, i16_q6_k = (
+    make_dot_i16(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
+)
+f32_q8_0, f32_q4_0, f32_q5_0, f32_q4_k, f32_q5_k, f32_q6_k = (
+    make_dot_f32(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
+)
+dq_q8_0, dq_q4_0, dq_q5_0, dq_q4_k, dq_q5_k, dq_q6_k = (
+    make_dequant(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
+)
+
+
+def units(qtype: int, cols: int) -> int:
+    """Decode units (blocks, or superblocks for k-quants) in a row of ``cols`` values."""
+    return cols // DECODERS[GGMLType(qtype)].unit_values
+
+
+@njit(cache=True, fastmath=True)
+def quantize_rows_i16(x, levels, xq, xd, xs):  # pragma: no cover - compiled
+    """Per 32-value block: scale = max|x| / levels, xq = round(x / scale), xs = sum(xq) (for k-quant mins)."""
+    t_n, k = x.shape
+    for t in range(t_n):
+        for blk in range(k // 32):
+            amax = np.float32(0.0)
+            for i in range(32):
+                a = abs(x[t, blk * 32 + i])
+                if a > amax:
+                    amax = a
+            d = amax / np.float32(levels)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            s = np.int32(0)
+            for i in range(32):
+                q = np.int16(np.rint(x[t, blk * 32 + i] * inv))
+                xq[t, blk * 32 + i] = q
+                s += np.int32(q)
+            xd[t, blk] = d
+            xs[t, blk] = np.float32(s)
+
+
+@njit(cache=True, fastmath=True)
+def block_sums(x, xs):  # pragma: no cover - compiled
+    t_n, k = x.shape
+    for t in range(t_n):
+        for blk in range(k // 32):
+            s = np.float32(0.0)
+            for i in range(32):
+                s += x[t, blk * 32 + i]
+            xs[t, blk] = s
+
+
+ROWS_PER_TASK = 16  # rows one parallel task multiplies: enough to amortize the per-task and per-call costs
+
+
+@njit(cache=True)
+def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
+    """out[t, c0 + i] = row r0 + i of w . activation row t, for rows r0..r1 and every activation row."""
+    wa, rb = w.ctypes.data, w.shape[1]
+    for t in range(xq.shape[0]):
+        q, d, s = (
+            xq.ctypes.data + t * xq.strides[0],
+            xd.ctypes.data + t * xd.strides[0],
+            xs.ctypes.data + t * xs.strides[0],
+        )
+        if fmt == Q8_0:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q8_0(wa + n * rb, q, d, s, n_units)
+        elif fmt == Q5_0:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q5_0(wa + n * rb, q, d, s, n_units)
+        elif fmt == Q4_K:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q4_k(wa + n * rb, q, d, s, n_units)
+        elif fmt == Q6_K:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q6_k(wa + n * rb, q, d, s, n_units)
+        elif fmt == Q4_0:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q4_0(wa + n * rb, q, d, s, n_units)
+        else:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q5_k(wa + n * rb, q, d, s, n_units)
+
+
+@njit(cache=True)
+def _rows_f32(fmt, w, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
+    wa, rb = w.ctypes.data, w.shape[1]
+    for t in range(x.shape[0]):
+        xp, s = x.ctypes.data + t * x.strides[0], xs.ctypes.data + t * xs.strides[0]
+        if fmt == Q8_0:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q8_0(wa + n * rb, xp, s, n_units)
+        elif fmt == Q5_0:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q5_0(wa + n * rb, xp, s, n_units)
+        elif fmt == Q4_K:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q4_k(wa + n * rb, xp, s, n_units)
+        elif fmt == Q6_K:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q6_k(wa + n * rb, xp, s, n_units)
+        elif fmt == Q4_0:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q4_0(wa + n * rb, xp, s, n_units)
+        else:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q5_k(wa + n * rb, xp, s, n_units)
+
+
+@njit(cache=True)
+def _dequant(fmt, row, out, n_units):  # pragma: no cover - compiled
+    if fmt == Q8_0:
+        dq_q8_0(row, out, n_units)
+    elif fmt == Q5_0:
+        dq_q5_0(row, out, n_units)
+    elif fmt == Q4_K:
+        dq_q4_k(row, out, n_units)
+    elif fmt == Q6_K:
+        dq_q6_k(row, out, n_units)
+    elif fmt == Q4_0:
+        dq_q4_0(row, out, n_units)
+    else:
+        dq_q5_k(row, out, n_units)
+
+
+@njit(cache=True)
+def _tasks(n_rows):  # pragma: no cover - compiled
+    return (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+
+
+@njit(parallel=True, cache=True)
+def matvec_i16(fmt, w, n_units, xq, xd, xs, out):  # pragma: no cover - compiled
+    """out[t, n] = dot(row n of w, activation row t), activations int16-quantized per 32-block."""
+    n = w.shape[0]
+    for i in prange(_tasks(n)):
+        r0 = i * ROWS_PER_TASK
+        _rows_i16(fmt, w, n_units, r0, min(n, r0 + ROWS_PER_TASK), xq, xd, xs, out, r0)
+
+
+@njit(parallel=True, cache=True)
+def matvec3_i16(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, xq, xd, xs):  # pragma: no cover - compiled
+    """Up to three projections of the same activations in one parallel loop (QKV; gate and up).
+
+    Unused slots pass weights with zero rows."""
+    t0, t1 = _tasks(w0.shape[0]), _tasks(w1.shape[0])
+    for i in prange(t0 + t1 + _tasks(w2.shape[0])):
+        if i < t0:
+            r0 = i * ROWS_PER_TASK
+            _rows_i16(f0, w0, u0, r0, min(w0.shape[0], r0 + ROWS_PER_TASK), xq, xd, xs, o0, r0)
+        elif i < t0 + t1:
+            r0 = (i - t0) * ROWS_PER_TASK
+            _rows_i16(f1, w1, u1, r0, min(w1.shape[0], r0 + ROWS_PER_TASK), xq, xd, xs, o1, r0)
+        else:
+            r0 = (i - t0 - t1) * ROWS_PER_TASK
+            _rows_i16(f2, w2, u2, r0, min(w2.shape[0], r0 + ROWS_PER_TASK), xq, xd, xs, o2, r0)
+
+
+@njit(parallel=True, cache=True)
+def matvec_f32(fmt, w, n_units, x, xs, out):  # pragma: no cover - compiled
+    """out[t, n] = dot(row n of w, x[t]) with exact float activations."""
+    n = w.shape[0]
+    for i in prange(_tasks(n)):
+        r0 = i * ROWS_PER_TASK
+        _rows_f32(fmt, w, n_units, r0, min(n, r0 + ROWS_PER_TASK), x, xs, out, r0)
+
+
+@njit(parallel=True, cache=True)
+def matvec3_f32(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, x, xs):  # pragma: no cover - compiled
+    """The exact-float twin of :func:`matvec3_i16`."""
+    t0, t1 = _tasks(w0.shape[0]), _tasks(w1.shape[0])
+    for i in prange(t0 + t1 + _tasks(w2.shape[0])):
+        if i < t0:
+            r0 = i * ROWS_PER_TASK
+            _rows_f32(f0, w0, u0, r0, min(w0.shape[0], r0 + ROWS_PER_TASK), x, xs, o0, r0)
+        elif i < t0 + t1:
+            r0 = (i - t0) * ROWS_PER_TASK
+            _rows_f32(f1, w1, u1, r0, min(w1.shape[0], r0 + ROWS_PER_TASK), x, xs, o1, r0)
+        else:
+            r0 = (i - t0 - t1) * ROWS_PER_TASK
+            _rows_f32(f2, w2, u2, r0, min(w2.shape[0], r0 + ROWS_PER_TASK), x, xs, o2, r0)
+
+
+@njit(parallel=True, cache=True)
+def dequantize_rows(fmt, w, n_units, row0, out):  # pragma: no cover - compiled
+    """out[i] = float32 values of row ``row0 + i`` of w, for every row of ``out``."""
+    rb = w.shape[1]
+    for i in prange(out.shape[0]):
+        _dequant(fmt, w.ctypes.data + (row0 + i) * rb, out.ctypes.data + i * out.strides[0], n_units)
+
+
+@njit(cache=True)
+def dequantize_gather(fmt, w, n_units, rows, out):  # pragma: no cover - compiled
+    """out[i] = float32 values of row ``rows[i]`` of w (embedding lookup)."""
+    rb = w.shape[1]
+    for i in range(rows.shape[0]):
+        _dequant(fmt, w.ctypes.data + rows[i] * rb, out.ctypes.data + i * out.strides[0], n_units)

@@ -1,0 +1,370 @@
+"""Hand-built vector code for the quantized kernels: numba intrinsics that emit LLVM IR.
+
+numba's auto-vectorizer turns block-wise quantized dot products into scalar code or per-block horizontal
+reductions (DESIGN.md section 8). Here each GGUF block format has a *decoder* that turns the bytes of a
+block, read in place from the GGUF layout, into 32 signed 16-bit values plus a scale (and, for the
+k-quants, a min). Three *consumers* use the decoded blocks:
+
+* ``i16``: activations quantized to int16 per 32-value block; ``(sext w) * (sext x)`` summed in pairs, a
+  pattern LLVM lowers to ``vpmaddwd``; block scales multiply a float vector accumulator kept across
+  blocks, reduced once per row.
+* ``f32``: exact float activations: values converted to float and multiplied in float (the exact path).
+* ``dequant``: values times scales (minus mins) stored as float32 (prefill dequantizes into a tile).
+
+LLVM picks the widest vectors the host has (AVX-512 here, AVX2 elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ...quant.formats import GGMLType
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32, HALF = ir.FloatType(), ir.HalfType()
+FAST = ("fast",)
+PREFETCH_AHEAD = 1024  # bytes of the weight stream to prefetch ahead of the block being read
+
+
+def vt(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def ptr(t: ir.Type) -> ir.PointerType:
+    return ir.PointerType(t)
+
+
+@dataclass
+class Decoded:
+    """One decoded 32-value block: ``values`` <32 x i16>; scales for values 0-15 and 16-31; optional min.
+
+    The block's float values are ``scale * values - min``; ``xblock`` is the block's index in the row (IR i64).
+    """
+
+    values: ir.Value
+    scale_lo: ir.Value
+    scale_hi: ir.Value
+    min: ir.Value | None
+    xblock: ir.Value
+
+
+def _splat(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
+    vec = b.insert_element(ir.Constant(vt(v.type, n), None), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(vec, vec, ir.Constant(vt(I32, n), [0] * n))
+
+
+def _const_vec(t: ir.Type, vals) -> ir.Constant:
+    return ir.Constant(vt(t, len(vals)), list(vals))
+
+
+def _load(b: ir.IRBuilder, base: ir.Value, offset: int | ir.Value, t: ir.Type) -> ir.Value:
+    """Unaligned load of type ``t`` at byte ``offset`` from an i8* ``base``."""
+    off = ir.Constant(I64, offset) if isinstance(offset, int) else offset
+    p = b.bitcast(b.gep(base, [off]), ptr(t))
+    return b.load(p, align=1)
+
+
+def _half(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
+    return b.fpext(b.bitcast(_load(b, base, offset, I16), HALF), F32)
+
+
+def _nibbles(b: ir.IRBuilder, q: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Low and high nibbles of a byte vector."""
+    n = q.type.count
+    return b.and_(q, _const_vec(I8, [15] * n)), b.lshr(q, _const_vec(I8, [4] * n))
+
+
+def _concat(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    n = lo.type.count
+    return b.shuffle_vector(lo, hi, _const_vec(I32, range(2 * n)))
+
+
+# -- decoders: (builder, unit base pointer, unit index) -> decoded 32-value blocks -----------------------
+def _q8_0(b, base, u):
+    d = _half(b, base, 0)
+    vals = b.sext(_load(b, base, 2, vt(I8, 32)), vt(I16, 32))
+    return [Decoded(vals, d, d, None, u)]
+
+
+def _q4_0(b, base, u):
+    d = _half(b, base, 0)
+    lo, hi = _nibbles(b, _load(b, base, 2, vt(I8, 16)))
+    vals = b.sub(b.zext(_concat(b, lo, hi), vt(I16, 32)), _const_vec(I16, [8] * 32))
+    return [Decoded(vals, d, d, None, u)]
+
+
+def _bits_to_bytes(b, qh32: ir.Value) -> ir.Value:
+    """<32 x i1>: bit j of a 32-bit word (byte shuffle, mask, compare: cheaper than 32 variable shifts)."""
+    bytes4 = b.bitcast(qh32, vt(I8, 4))
+    spread = b.shuffle_vector(bytes4, bytes4, _const_vec(I32, [j // 8 for j in range(32)]))
+    masked = b.and_(
+        spread, _const_vec(I8, [(1 << (j % 8)) - 256 if j % 8 == 7 else 1 << (j % 8) for j in range(32)])
+    )
+    return b.icmp_unsigned("!=", masked, _const_vec(I8, [0] * 32))
+
+
+def _q5_0(b, base, u):
+    d = _half(b, base, 0)
+    bit = _bits_to_bytes(b, _load(b, base, 2, I32))
+    lo, hi = _nibbles(b, _load(b, base, 6, vt(I8, 16)))
+    offset = b.select(bit, _const_vec(I8, [0] * 32), _const_vec(I8, [-16] * 32))
+    vals = b.sext(b.add(_concat(b, lo, hi), offset), vt(I16, 32))
+    return [Decoded(vals, d, d, None, u)]
+
+
+def _k_scales(b, base) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4..15), as floats."""
+    s = [b.zext(_load(b, base, 4 + i, I8), I32) for i in range(12)]
+    c63, c15, c6, c4 = (ir.Constant(I32, v) for v in (63, 15, 6, 4))
+    sc, mn = [], []
+    for j in range(8):
+        if j < 4:
+            sc.append(b.and_(s[j], c63))
+            mn.append(b.and_(s[j + 4], c63))
+        else:
+            sc.append(b.or_(b.and_(s[j + 4], c15), b.shl(b.lshr(s[j - 4], c6), c4)))
+            mn.append(b.or_(b.lshr(s[j + 4], c4), b.shl(b.lshr(s[j], c6), c4)))
+    return [b.uitofp(v, F32) for v in sc], [b.uitofp(v, F32) for v in mn]
+
+
+def _kquant(b, base, u, with_high_bits: bool):
+    d, dmin = _half(b, base, 0), _half(b, base, 2)
+    sc, mn = _k_scales(b, base)
+    qs_off = 48 if with_high_bits else 16
+    qh = _load(b, base, 16, vt(I8, 32)) if with_high_bits else None
+    out = []
+    for c in range(4):
+        lo, hi = _nibbles(b, _load(b, base, qs_off + 32 * c, vt(I8, 32)))
+        for k, nib in ((0, lo), (1, hi)):
+            j = 2 * c + k
+            v = b.zext(nib, vt(I16, 32))
+            if qh is not None:
+                bit = b.and_(b.lshr(qh, _const_vec(I8, [j] * 32)), _const_vec(I8, [1] * 32))
+                v = b.or_(v, b.shl(b.zext(bit, vt(I16, 32)), _const_vec(I16, [4] * 32)))
+            scale = b.fmul(d, sc[j], flags=FAST)
+            xb = b.add(b.mul(u, ir.Constant(I64, 8)), ir.Constant(I64, j))
+            out.append(Decoded(v, scale, scale, b.fmul(dmin, mn[j], flags=FAST), xb))
+    return out
+
+
+def _q4_k(b, base, u):
+    return _kquant(b, base, u, False)
+
+
+def _q5_k(b, base, u):
+    return _kquant(b, base, u, True)
+
+
+def _q6_k(b, base, u):
+    d = _half(b, base, 208)
+    out = []
+    for h in range(2):
+        ql = [_load(b, base, 64 * h + 32 * i, vt(I8, 32)) for i in range(2)]
+        qh = _load(b, base, 128 + 32 * h, vt(I8, 32))
+        for k in range(4):
+            src = ql[k % 2]
+            nib = b.and_(src, _const_vec(I8, [15] * 32)) if k < 2 else b.lshr(src, _const_vec(I8, [4] * 32))
+            high = b.and_(b.lshr(qh, _const_vec(I8, [2 * k] * 32)), _const_vec(I8, [3] * 32))
+            q = b.or_(nib, b.shl(high, _const_vec(I8, [4] * 32)))
+            vals = b.sub(b.zext(q, vt(I16, 32)), _const_vec(I16, [32] * 32))
+            s_idx = 8 * h + 2 * k
+            s_lo = b.fmul(d, b.sitofp(_load(b, base, 192 + s_idx, I8), F32), flags=FAST)
+            s_hi = b.fmul(d, b.sitofp(_load(b, base, 192 + s_idx + 1, I8), F32), flags=FAST)
+            xb = b.add(b.mul(u, ir.Constant(I64, 8)), ir.Constant(I64, 4 * h + k))
+            out.append(Decoded(vals, s_lo, s_hi, None, xb))
+    return out
+
+
+@dataclass(frozen=True)
+class FormatCode:
+    decode: Callable
+    unit_bytes: int  # bytes of one decode unit (a block or a superblock)
+    unit_values: int
+
+
+DECODERS: dict[GGMLType, FormatCode] = {
+    GGMLType.Q8_0: FormatCode(_q8_0, 34, 32),
+    GGMLType.Q4_0: FormatCode(_q4_0, 18, 32),
+    GGMLType.Q5_0: FormatCode(_q5_0, 22, 32),
+    GGMLType.Q4_K: FormatCode(_q4_k, 144, 256),
+    GGMLType.Q5_K: FormatCode(_q5_k, 176, 256),
+    GGMLType.Q6_K: FormatCode(_q6_k, 210, 256),
+}
+
+
+# -- helpers for the consumers -------------------------------------------------------------------------
+def _scale_vec(b, lo, hi, n: int) -> ir.Value:
+    """n lanes: the first half ``lo``, the second ``hi`` (the same value for most formats)."""
+    if lo is hi:
+        return _splat(b, lo, n)
+    return b.shuffle_vector(
+        _splat(b, lo, n), _splat(b, hi, n), _const_vec(I32, [*range(n // 2), *range(n + n // 2, 2 * n)])
+    )
+
+
+def _hsum(b, v: ir.Value) -> ir.Value:
+    n = v.type.count
+    while n > 1:
+        half = n // 2
+        lo = b.shuffle_vector(v, v, _const_vec(I32, range(half)))
+        hi = b.shuffle_vector(v, v, _const_vec(I32, range(half, n)))
+        v = b.fadd(lo, hi, flags=FAST)
+        n = half
+    return b.extract_element(v, ir.Constant(I32, 0))
+
+
+def _pmaddwd(b, a: ir.Value, x: ir.Value) -> ir.Value:
+    """Pairwise sums of products of two <32 x i16>: <16 x i32> (lowered to vpmaddwd)."""
+    m = b.mul(b.sext(a, vt(I32, 32)), b.sext(x, vt(I32, 32)), flags=("nsw",))
+    even = b.shuffle_vector(m, m, _const_vec(I32, range(0, 32, 2)))
+    odd = b.shuffle_vector(m, m, _const_vec(I32, range(1, 32, 2)))
+    return b.add(even, odd, flags=("nsw",))
+
+
+def _prefetch(b, base: ir.Value, offset: int) -> None:
+    mod = b.module
+    name = "llvm.prefetch.p0"
+    fn = mod.globals.get(name) or ir.Function(
+        mod, ir.FunctionType(ir.VoidType(), [ptr(I8), I32, I32, I32]), name
+    )
+    b.call(
+        fn,
+        [
+            b.gep(base, [ir.Constant(I64, offset)]),
+            ir.Constant(I32, 0),
+            ir.Constant(I32, 3),
+            ir.Constant(I32, 1),
+        ],
+    )
+
+
+def _as_ptr(b, addr: ir.Value, t: ir.Type) -> ir.Value:
+    return b.inttoptr(addr, ptr(t))
+
+
+def _for_units(b, n_units, body, unroll: int = 2) -> None:
+    """Call ``body(u, slot)`` for every unit ``u``; consecutive units use different accumulator slots
+    (``unroll`` independent chains hide the latency of the accumulating FMAs)."""
+    n_groups = b.udiv(n_units, ir.Constant(I64, unroll))
+    with cgutils.for_range(b, n_groups) as loop:
+        for k in range(unroll):
+            body(b.add(b.mul(loop.index, ir.Constant(I64, unroll)), ir.Constant(I64, k)), k)
+    rest_start = b.mul(n_groups, ir.Constant(I64, unroll))
+    with cgutils.for_range_slice(b, rest_start, n_units, ir.Constant(I64, 1)) as (u, _):
+        body(u, 0)
+
+
+# -- intrinsic factories -------------------------------------------------------------------------------
+def make_dot_i16(qtype: GGMLType):
+    """``dot(w_addr, xq_addr, xd_addr, xs_addr, n_units) -> float32`` for one row of ``qtype`` against int16
+    activations ``xq`` with per-block scales ``xd`` and per-block sums ``xs`` (float of sum(xq))."""
+    code = DECODERS[qtype]
+
+    @intrinsic
+    def dot(typingctx, w, xq, xd, xs, n):
+        sig = types.float32(types.intp, types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, b, signature, args):
+            w_a, xq_a, xd_a, xs_a, n_u = args
+            wp = _as_ptr(b, w_a, I8)
+            xqp, xdp, xsp = _as_ptr(b, xq_a, vt(I16, 32)), _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
+            accv = [cgutils.alloca_once_value(b, ir.Constant(vt(F32, 16), [0.0] * 16)) for _ in range(2)]
+            accs = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
+
+            def body(u, slot):
+                base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
+                _prefetch(b, base, PREFETCH_AHEAD)
+                for j, blk in enumerate(code.decode(b, base, u)):
+                    acc = accv[(slot + j) % 2]
+                    x = b.load(b.gep(xqp, [blk.xblock]), align=2)
+                    xd = b.load(b.gep(xdp, [blk.xblock]))
+                    p = b.sitofp(_pmaddwd(b, blk.values, x), vt(F32, 16))
+                    lo = b.fmul(blk.scale_lo, xd, flags=FAST)
+                    hi = lo if blk.scale_hi is blk.scale_lo else b.fmul(blk.scale_hi, xd, flags=FAST)
+                    sv = _scale_vec(b, lo, hi, 16)
+                    b.store(b.fadd(b.load(acc), b.fmul(p, sv, flags=FAST), flags=FAST), acc)
+                    if blk.min is not None:
+                        xs = b.load(b.gep(xsp, [blk.xblock]))
+                        corr = b.fmul(b.fmul(blk.min, xd, flags=FAST), xs, flags=FAST)
+                        b.store(b.fsub(b.load(accs), corr, flags=FAST), accs)
+
+            _for_units(b, n_u, body)
+            total = b.fadd(b.load(accv[0]), b.load(accv[1]), flags=FAST)
+            return b.fadd(_hsum(b, total), b.load(accs), flags=FAST)
+
+        return sig, codegen
+
+    return dot
+
+
+def make_dot_f32(qtype: GGMLType):
+    """``dot(w_addr, x_addr, xs_addr, n_units) -> float32``: exact float activations ``x`` (xs: block sums)."""
+    code = DECODERS[qtype]
+
+    @intrinsic
+    def dot(typingctx, w, x, xs, n):
+        sig = types.float32(types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, b, signature, args):
+            w_a, x_a, xs_a, n_u = args
+            wp = _as_ptr(b, w_a, I8)
+            xp, xsp = _as_ptr(b, x_a, vt(F32, 32)), _as_ptr(b, xs_a, F32)
+            accv = [cgutils.alloca_once_value(b, ir.Constant(vt(F32, 32), [0.0] * 32)) for _ in range(2)]
+            accs = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
+
+            def body(u, slot):
+                base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
+                _prefetch(b, base, PREFETCH_AHEAD)
+                for j, blk in enumerate(code.decode(b, base, u)):
+                    acc = accv[(slot + j) % 2]
+                    x = b.load(b.gep(xp, [blk.xblock]), align=4)
+                    prod = b.fmul(b.sitofp(blk.values, vt(F32, 32)), x, flags=FAST)
+                    sv = _scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
+                    b.store(b.fadd(b.load(acc), b.fmul(prod, sv, flags=FAST), flags=FAST), acc)
+                    if blk.min is not None:
+                        xs = b.load(b.gep(xsp, [blk.xblock]))
+                        b.store(b.fsub(b.load(accs), b.fmul(blk.min, xs, flags=FAST), flags=FAST), accs)
+
+            _for_units(b, n_u, body)
+            total = b.fadd(b.load(accv[0]), b.load(accv[1]), flags=FAST)
+            return b.fadd(_hsum(b, total), b.load(accs), flags=FAST)
+
+        return sig, codegen
+
+    return dot
+
+
+def make_dequant(qtype: GGMLType):
+    """``dequant(w_addr, out_addr, n_units)``: one row of ``qtype`` to float32 (ggml's arithmetic order)."""
+    code = DECODERS[qtype]
+
+    @intrinsic
+    def dequant(typingctx, w, out, n):
+        sig = types.void(types.intp, types.intp, types.intp)
+
+        def codegen(context, b, signature, args):
+            w_a, o_a, n_u = args
+            wp, op = _as_ptr(b, w_a, I8), _as_ptr(b, o_a, vt(F32, 32))
+
+            def body(u, slot):
+                base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
+                for blk in code.decode(b, base, u):
+                    v = b.fmul(
+                        b.sitofp(blk.values, vt(F32, 32)), _scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
+                    )
+                    if blk.min is not None:
+                        v = b.fsub(v, _splat(b, blk.min, 32))
+                    b.store(v, b.gep(op, [blk.xblock]), align=4)
+
+            _for_units(b, n_u, body)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dequant
