@@ -27,9 +27,7 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="context limit in tokens (default: the model's)",
     )
-    p.add_argument(
-        "--threads", type=positive_int, default=None, help="host threads (default: all cores)"
-    )
+    p.add_argument("--threads", type=positive_int, default=None, help="host threads (default: all cores)")
     p.add_argument(
         "--tune",
         default=None,

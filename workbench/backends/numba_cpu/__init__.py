@@ -56,7 +56,7 @@ class CpuBackend(Backend):
     """numba kernels on the host CPU."""
 
     name = "cpu"
-    tunable_names = ("act_quant", "fused", "gemv_max_rows", "dense_cache_mib")
+    tunable_names = ("act_quant", "fused", "gemv_max_rows", "dense_cache_mib", "rows_per_task")
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class CpuBackend(Backend):
         fused: bool = True,
         gemv_max_rows: int = 4,
         dense_cache_mib: int = 1024,
+        rows_per_task: int = mv.ROWS_PER_TASK,
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
@@ -73,6 +74,9 @@ class CpuBackend(Backend):
         fused = self.tunable("fused", fused)
         gemv_max_rows = self.tunable("gemv_max_rows", gemv_max_rows)
         dense_cache_mib = self.tunable("dense_cache_mib", dense_cache_mib)
+        self.rows_per_task = self.tunable("rows_per_task", rows_per_task)
+        if self.rows_per_task < 1:
+            raise ValueError(f"rows_per_task must be >= 1, got {self.rows_per_task}")
         if act_quant not in ACT_QUANT:
             raise ValueError(f"act_quant must be one of {sorted(ACT_QUANT)}, got {act_quant!r}")
         if gemv_max_rows < 1 or dense_cache_mib < 0:
@@ -136,6 +140,7 @@ class CpuBackend(Backend):
                 "threads": self._n_threads,
                 "act_quant": self.act_quant,
                 "fused": self.fused,
+                "rows_per_task": self.rows_per_task,
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
                 "profile": "host",
@@ -221,9 +226,9 @@ class CpuBackend(Backend):
                 w = ws[i + j] if i + j < len(ws) else None
                 slots += [w.fmt, w.data, w.n_units, outs[i + j]] if w else [0, _EMPTY_W, 0, _EMPTY_O]
             if levels:
-                mv.matvec3_i16(*slots, xq, xd, xs)
+                mv.matvec3_i16(*slots, xq, xd, xs, self.rows_per_task)
             else:
-                mv.matvec3_f32(*slots, x, xs)
+                mv.matvec3_f32(*slots, x, xs, self.rows_per_task)
         return outs
 
     def _gemm(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
@@ -350,8 +355,7 @@ def attend(
 
 
 def _gelu_mul(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
-    g, u = env[op.inputs[0]], env[op.inputs[1]]
-    k.gelu_mul(g, u, _out(env, op.outputs[0], g))
+    _gelu(b, env[op.inputs[0]], env[op.inputs[1]], op.outputs[0], env)
 
 
 def _add(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
@@ -386,8 +390,16 @@ def _rmsnorm_matmul_gelu(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
     norm, *mats, act = op.attrs["parts"]
     local = {norm.inputs[0]: env[norm.inputs[0]]}
     _norm_project(b, norm, mats, local)
-    g, u = local[act.inputs[0]], local[act.inputs[1]]
-    k.gelu_mul(g, u, _out(env, act.outputs[0], g))
+    _gelu(b, local[act.inputs[0]], local[act.inputs[1]], act.outputs[0], env)
+
+
+def _gelu(b: CpuBackend, g: np.ndarray, u: np.ndarray, name: str, env: Env) -> None:
+    # few rows: the numba kernel; many: numpy's vectorized tanh (a numba parallel loop here would wake
+    # numba's thread pool between BLAS calls, and the two pools then fight over the cores)
+    if g.shape[0] <= b.gemv_max_rows:
+        k.gelu_mul(g, u, _out(env, name, g))
+    else:
+        env[name] = ref.gelu_mul(g, u)
 
 
 def _rmsnorm_rope(b: CpuBackend, op: Op, env: Env, step: Step) -> None:

@@ -85,10 +85,10 @@ def tanh_approx(x):  # pragma: no cover - compiled
     return x * p / q
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, fastmath=True)
 def gelu_mul(gate, up, out):  # pragma: no cover - compiled
     c = np.float32(math.sqrt(2.0 / math.pi))
-    for t in numba.prange(gate.shape[0]):
+    for t in range(gate.shape[0]):
         for i in range(gate.shape[1]):
             g = gate[t, i]
             th = tanh_approx(c * (g + np.float32(0.044715) * g * g * g))

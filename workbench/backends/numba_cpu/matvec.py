@@ -71,7 +71,7 @@ def block_sums(x, xs):  # pragma: no cover - compiled
             xs[t, blk] = s
 
 
-ROWS_PER_TASK = 16  # rows one parallel task multiplies: enough to amortize the per-task and per-call costs
+ROWS_PER_TASK = 16  # default rows per parallel task (tunable ``rows_per_task``: the CPU's "workgroup size")
 
 
 @njit(cache=True)
@@ -146,60 +146,62 @@ def _dequant(fmt, row, out, n_units):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _tasks(n_rows):  # pragma: no cover - compiled
-    return (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+def _tasks(n_rows, rpt):  # pragma: no cover - compiled
+    return (n_rows + rpt - 1) // rpt
 
 
 @njit(parallel=True, cache=True)
-def matvec_i16(fmt, w, n_units, xq, xd, xs, out):  # pragma: no cover - compiled
+def matvec_i16(fmt, w, n_units, xq, xd, xs, out, rpt=ROWS_PER_TASK):  # pragma: no cover - compiled
     """out[t, n] = dot(row n of w, activation row t), activations int16-quantized per 32-block."""
     n = w.shape[0]
-    for i in prange(_tasks(n)):
-        r0 = i * ROWS_PER_TASK
-        _rows_i16(fmt, w, n_units, r0, min(n, r0 + ROWS_PER_TASK), xq, xd, xs, out, r0)
+    for i in prange(_tasks(n, rpt)):
+        r0 = i * rpt
+        _rows_i16(fmt, w, n_units, r0, min(n, r0 + rpt), xq, xd, xs, out, r0)
 
 
 @njit(parallel=True, cache=True)
-def matvec3_i16(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, xq, xd, xs):  # pragma: no cover - compiled
+def matvec3_i16(
+    f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, xq, xd, xs, rpt
+):  # pragma: no cover - compiled
     """Up to three projections of the same activations in one parallel loop (QKV; gate and up).
 
     Unused slots pass weights with zero rows."""
-    t0, t1 = _tasks(w0.shape[0]), _tasks(w1.shape[0])
-    for i in prange(t0 + t1 + _tasks(w2.shape[0])):
+    t0, t1 = _tasks(w0.shape[0], rpt), _tasks(w1.shape[0], rpt)
+    for i in prange(t0 + t1 + _tasks(w2.shape[0], rpt)):
         if i < t0:
-            r0 = i * ROWS_PER_TASK
-            _rows_i16(f0, w0, u0, r0, min(w0.shape[0], r0 + ROWS_PER_TASK), xq, xd, xs, o0, r0)
+            r0 = i * rpt
+            _rows_i16(f0, w0, u0, r0, min(w0.shape[0], r0 + rpt), xq, xd, xs, o0, r0)
         elif i < t0 + t1:
-            r0 = (i - t0) * ROWS_PER_TASK
-            _rows_i16(f1, w1, u1, r0, min(w1.shape[0], r0 + ROWS_PER_TASK), xq, xd, xs, o1, r0)
+            r0 = (i - t0) * rpt
+            _rows_i16(f1, w1, u1, r0, min(w1.shape[0], r0 + rpt), xq, xd, xs, o1, r0)
         else:
-            r0 = (i - t0 - t1) * ROWS_PER_TASK
-            _rows_i16(f2, w2, u2, r0, min(w2.shape[0], r0 + ROWS_PER_TASK), xq, xd, xs, o2, r0)
+            r0 = (i - t0 - t1) * rpt
+            _rows_i16(f2, w2, u2, r0, min(w2.shape[0], r0 + rpt), xq, xd, xs, o2, r0)
 
 
 @njit(parallel=True, cache=True)
-def matvec_f32(fmt, w, n_units, x, xs, out):  # pragma: no cover - compiled
+def matvec_f32(fmt, w, n_units, x, xs, out, rpt=ROWS_PER_TASK):  # pragma: no cover - compiled
     """out[t, n] = dot(row n of w, x[t]) with exact float activations."""
     n = w.shape[0]
-    for i in prange(_tasks(n)):
-        r0 = i * ROWS_PER_TASK
-        _rows_f32(fmt, w, n_units, r0, min(n, r0 + ROWS_PER_TASK), x, xs, out, r0)
+    for i in prange(_tasks(n, rpt)):
+        r0 = i * rpt
+        _rows_f32(fmt, w, n_units, r0, min(n, r0 + rpt), x, xs, out, r0)
 
 
 @njit(parallel=True, cache=True)
-def matvec3_f32(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, x, xs):  # pragma: no cover - compiled
+def matvec3_f32(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, x, xs, rpt):  # pragma: no cover - compiled
     """The exact-float twin of :func:`matvec3_i16`."""
-    t0, t1 = _tasks(w0.shape[0]), _tasks(w1.shape[0])
-    for i in prange(t0 + t1 + _tasks(w2.shape[0])):
+    t0, t1 = _tasks(w0.shape[0], rpt), _tasks(w1.shape[0], rpt)
+    for i in prange(t0 + t1 + _tasks(w2.shape[0], rpt)):
         if i < t0:
-            r0 = i * ROWS_PER_TASK
-            _rows_f32(f0, w0, u0, r0, min(w0.shape[0], r0 + ROWS_PER_TASK), x, xs, o0, r0)
+            r0 = i * rpt
+            _rows_f32(f0, w0, u0, r0, min(w0.shape[0], r0 + rpt), x, xs, o0, r0)
         elif i < t0 + t1:
-            r0 = (i - t0) * ROWS_PER_TASK
-            _rows_f32(f1, w1, u1, r0, min(w1.shape[0], r0 + ROWS_PER_TASK), x, xs, o1, r0)
+            r0 = (i - t0) * rpt
+            _rows_f32(f1, w1, u1, r0, min(w1.shape[0], r0 + rpt), x, xs, o1, r0)
         else:
-            r0 = (i - t0 - t1) * ROWS_PER_TASK
-            _rows_f32(f2, w2, u2, r0, min(w2.shape[0], r0 + ROWS_PER_TASK), x, xs, o2, r0)
+            r0 = (i - t0 - t1) * rpt
+            _rows_f32(f2, w2, u2, r0, min(w2.shape[0], r0 + rpt), x, xs, o2, r0)
 
 
 @njit(parallel=True, cache=True)

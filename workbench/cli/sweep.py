@@ -1,0 +1,42 @@
+"""``workbench sweep``: run a notebook over a parameter grid with papermill (resumable, parallel, dask)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_json_arg, positive_int
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="execute a notebook over a grid of parameters (resumes when rerun)")
+    p.add_argument("notebook", help="a notebook with a cell tagged 'parameters'")
+    p.add_argument(
+        "--grid", required=True, help="YAML: {name: [values]} or {sweep: ..., fixed: ..., resources: [...]}"
+    )
+    p.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="fix a parameter for every point (YAML value)")  # fmt: skip
+    p.add_argument(
+        "--name", default=None, help="experiment name (folder under experiments/; default: notebook name)"
+    )
+    p.add_argument("--workers", type=positive_int, default=1, help="points run in parallel (local executor)")
+    p.add_argument("--executor", default="local", help="local (default) or dask://HOST:PORT")
+    p.add_argument("--yes", action="store_true", help=f"allow grids of more than {200} points")
+    p.add_argument("--retry-failed", action="store_true", help="rerun points that failed before")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per notebook cell")
+    add_json_arg(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..experiments.sweep import load_grid, run_sweep
+    from . import emit_json
+
+    grid = load_grid(args.grid, args.param)
+    res = run_sweep(args.notebook, grid, args.name, args.workers, args.executor, args.yes, args.retry_failed,
+                    args.timeout)  # fmt: skip
+    if args.json:
+        emit_json(res)
+    else:
+        print(f"{res['experiment']}: {res['points']} points, {res['skipped']} already done, "
+              f"{res['done']} ran, {res['failed']} failed")  # fmt: skip
+    return 1 if res["failed"] else 0
