@@ -129,6 +129,7 @@ def test_synthetic_270m_matches_real_quant_plan(default_model, tmp_path):
     assert {n: t.name for n, t in plan.items()} == {n: t.type.name for n, t in default_model.weights.items()}
     path = write_synthetic(preset("gemma3-270m"), "q8_0", tmp_path / "s.gguf", progress=False)
     m = wb.load(str(path))
+    assert m.kind == "synthetic"  # a synthetic file loaded by path still says so
     assert {t.type.name for t in m.weights.values()} == {"Q8_0", "F32"}
     r = wb.Engine(m, "numpy").generate([2, 100, 200], max_tokens=3, stop_ids=[])
     assert len(r.output_ids) == 3

@@ -74,6 +74,8 @@ def _gguf_loader(gguf: GGUFFile, name: str):
 
 def load_gguf(path: str | Path, kind: str = "gguf", name: str = "") -> Model:
     gguf = GGUFFile(path)
+    if gguf.metadata.get("workbench.synthetic"):  # written by `workbench synth`: random weights
+        kind = "synthetic"
     config = ModelConfig.from_gguf_metadata(gguf.metadata, name=name)
     tensors = {
         n: QTensor(n, info.type, info.shape, _gguf_loader(gguf, n)) for n, info in gguf.tensors.items()
