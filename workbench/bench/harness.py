@@ -97,7 +97,14 @@ def summarize(runs: list[RunTiming], prompt_tokens: int, gen: int) -> dict[str, 
         "decode_tok_s": median_ci(dec),
         "time_to_first_token_s": median_ci([r.ttft_s for r in runs]),
         "decode_latency_s": percentiles(lat),
-        "samples": {"prefill_tok_s": pre, "decode_tok_s": dec},
+        "samples": {
+            "prefill_tok_s": pre,
+            "decode_tok_s": dec,
+            "time_to_first_token_s": [r.ttft_s for r in runs],
+            "decode_latency_p50_s": [
+                float(np.median(r.decode_latencies_s)) for r in runs if r.decode_latencies_s
+            ],
+        },
     }
 
 
@@ -209,7 +216,14 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
                 "decode_ratio": dr["ratio"],
                 "prefill_ratio_ci": [pr["lo"], pr["hi"]],
                 "decode_ratio_ci": [dr["lo"], dr["hi"]],
+                "peak_rss_ratio": ours["peak_rss_bytes"] / t["peak_rss_bytes"]
+                if t["peak_rss_bytes"]
+                else None,
             }
+            for key in ("time_to_first_token_s", "decode_latency_p50_s"):  # lower is better: ours/theirs
+                r = ratio_ci(ours["samples"][key], t["samples"].get(key, []))
+                result["vs_llama_cpp"][f"{key.removesuffix('_s')}_ratio"] = r["ratio"]
+                result["vs_llama_cpp"][f"{key.removesuffix('_s')}_ratio_ci"] = [r["lo"], r["hi"]]
         how = f"measured on {dev.label()} ({dev.kind})"
         if model.synthetic:
             how += ", synthetic weights"
