@@ -6,6 +6,7 @@ caches, and runs a step graph with the step's inputs, optionally reporting each 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -192,6 +193,30 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 (a no-op is right for host backends)
         """Release device resources."""
+
+    def run_ops(self, graph: Graph, step: Step, kernel_for, observer: OpObserver | None) -> np.ndarray:
+        """Host op loop shared by host backends: ``kernel_for(op)`` gives ``kernel(backend, op, env, step)``
+        (or None: unsupported); each op is reported to ``observer``; sequence lengths advance at the end."""
+        env: dict[str, np.ndarray] = {
+            "tokens": step.tokens,
+            "positions": step.positions,
+            "logit_rows": step.logit_rows,
+        }
+        for op in graph.ops:
+            kernel = kernel_for(op)
+            if kernel is None:
+                raise UnsupportedOpError(
+                    f"{self.name} backend: op {op.name!r} has unsupported kind {op.kind!r}"
+                )
+            if observer is None:
+                kernel(self, op, env, step)
+            else:
+                t0 = time.perf_counter()
+                kernel(self, op, env, step)
+                observer.on_op(op, step, t0, time.perf_counter() - t0)
+        for s in step.seqs:
+            s.cache.length = int(step.positions[s.stop - 1]) + 1
+        return env[graph.outputs[0]]
 
     def check_tokens(self, step: Step) -> None:
         vocab = self.model.config.vocab_size

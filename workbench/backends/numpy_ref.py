@@ -5,7 +5,6 @@ Weights are dequantized to float32 on first use and kept (the oracle favours cla
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -16,7 +15,7 @@ from ..models.model import Model
 from ..ops import reference as ref
 from ..ops.graph import Graph, Op
 from ..runtime.kv_cache import KVCache
-from .base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+from .base import Backend, DeviceInfo, OpObserver, Step
 
 Env = dict[str, np.ndarray]
 Kernel = Callable[["NumpyBackend", Op, Env, Step], None]
@@ -88,6 +87,10 @@ def _fused(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
         KERNELS[part.kind](b, part, env, step)
 
 
+def _kernel_for(op: Op) -> Kernel | None:
+    return KERNELS.get(op.kind) or (_fused if "parts" in op.attrs else None)
+
+
 KERNELS: dict[str, Kernel] = {
     "embed": _embed,
     "rmsnorm": _rmsnorm,
@@ -143,17 +146,4 @@ class NumpyBackend(Backend):
 
     def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
         self.check_tokens(step)
-        env: Env = {"tokens": step.tokens, "positions": step.positions, "logit_rows": step.logit_rows}
-        for op in graph.ops:
-            kernel = KERNELS.get(op.kind) or (_fused if "parts" in op.attrs else None)
-            if kernel is None:
-                raise UnsupportedOpError(f"numpy backend: op {op.name!r} has unsupported kind {op.kind!r}")
-            if observer is None:
-                kernel(self, op, env, step)
-            else:
-                t0 = time.perf_counter()
-                kernel(self, op, env, step)
-                observer.on_op(op, step, t0, time.perf_counter() - t0)
-        for s in step.seqs:
-            s.cache.length = int(step.positions[s.stop - 1]) + 1
-        return env[graph.outputs[0]]
+        return self.run_ops(graph, step, _kernel_for, observer)

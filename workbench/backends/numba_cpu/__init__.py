@@ -186,20 +186,7 @@ class CpuBackend(Backend):
         # beside numba's workers costs more than the small products gain (measured 4x slower attention)
         self._set_blas_threads(self._n_threads if step.n_tokens > self.gemv_max_rows else 1)
         self._rope.clear()
-        env: Env = {"tokens": step.tokens, "positions": step.positions, "logit_rows": step.logit_rows}
-        for op in graph.ops:
-            handler = HANDLERS.get(op.kind)
-            if handler is None:
-                raise UnsupportedOpError(f"cpu backend: op {op.name!r} has unsupported kind {op.kind!r}")
-            if observer is None:
-                handler(self, op, env, step)
-            else:
-                t0 = time.perf_counter()
-                handler(self, op, env, step)
-                observer.on_op(op, step, t0, time.perf_counter() - t0)
-        for s in step.seqs:
-            s.cache.length = int(step.positions[s.stop - 1]) + 1
-        return env[graph.outputs[0]]
+        return self.run_ops(graph, step, lambda op: HANDLERS.get(op.kind), observer)
 
     def _set_blas_threads(self, n: int) -> None:
         if n != self._blas_threads:
