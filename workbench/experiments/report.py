@@ -133,7 +133,8 @@ def _figures(exps: list[Experiment]) -> list[tuple[str, Any]]:
         d = done.assign(point=label).melt(id_vars=["point", "experiment"], value_vars=dev_cols, var_name="device", value_name="s")
         d["device"] = d["device"].str.removeprefix("m.time_s.")
         figs.append(("per-device time", px.bar(d, x="point", y="s", color="device", title="time per device per strategy")))
-    ops = pd.concat([e.ops.assign(experiment=e.name) for e in exps if not e.ops.empty], ignore_index=True) if any(not e.ops.empty for e in exps) else pd.DataFrame()
+    op_frames = [e.ops.assign(experiment=e.name) for e in exps if not e.ops.empty]
+    ops = pd.concat(op_frames, ignore_index=True) if op_frames else pd.DataFrame()
     if not ops.empty and {"kind", "host_s"} <= set(ops.columns):
         names = dict(zip(pts["id"], _label(pts, swept), strict=True))
         by = ops.groupby(["point", "kind"], as_index=False)["host_s"].sum()

@@ -16,17 +16,23 @@ njit = numba.njit
 F32 = np.float32
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def inv_rms(x, t, start, n, eps):  # pragma: no cover - compiled
+    """1 / sqrt(mean(x[t, start:start+n]^2) + eps)."""
+    ss = np.float32(0.0)
+    for i in range(n):
+        v = x[t, start + i]
+        ss += v * v
+    return np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+
+
 @njit(cache=True, fastmath=True)
 def rmsnorm(x, w, eps, group, out):  # pragma: no cover - compiled
     """RMSNorm of each ``group`` values of every row (group = row length for a plain norm)."""
     t_n, k = x.shape
     for t in range(t_n):
         for g0 in range(0, k, group):
-            ss = np.float32(0.0)
-            for i in range(group):
-                v = x[t, g0 + i]
-                ss += v * v
-            inv = np.float32(1.0) / np.sqrt(ss / np.float32(group) + np.float32(eps))
+            inv = inv_rms(x, t, g0, group, eps)
             for i in range(group):
                 out[t, g0 + i] = x[t, g0 + i] * inv * w[i]
 
@@ -39,11 +45,7 @@ def rmsnorm_rope(x, w, eps, cos, sin, head_dim, out):  # pragma: no cover - comp
     buf = np.empty(head_dim, np.float32)
     for t in range(t_n):
         for h0 in range(0, k, head_dim):
-            ss = np.float32(0.0)
-            for i in range(head_dim):
-                v = x[t, h0 + i]
-                ss += v * v
-            inv = np.float32(1.0) / np.sqrt(ss / np.float32(head_dim) + np.float32(eps))
+            inv = inv_rms(x, t, h0, head_dim, eps)
             for i in range(head_dim):
                 buf[i] = x[t, h0 + i] * inv * w[i]
             for i in range(half):
@@ -107,10 +109,7 @@ def rmsnorm_add(x, w, eps, residual, out):  # pragma: no cover - compiled
     """``residual + rmsnorm(x) * w`` (post-norm and residual of a block)."""
     t_n, k = x.shape
     for t in range(t_n):
-        ss = np.float32(0.0)
-        for i in range(k):
-            ss += x[t, i] * x[t, i]
-        inv = np.float32(1.0) / np.sqrt(ss / np.float32(k) + np.float32(eps))
+        inv = inv_rms(x, t, 0, k, eps)
         for i in range(k):
             out[t, i] = residual[t, i] + x[t, i] * inv * w[i]
 
