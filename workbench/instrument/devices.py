@@ -33,6 +33,9 @@ class DeviceProfile:
     sources: dict[str, str] = field(default_factory=dict)
     unified_memory: bool = True  # shares system memory with the host (zero-copy transfers)
     notes: str = ""
+    # NPUs: the AIE array behind the peak figures (columns, rows, clock, memories, DMA, launch cost);
+    # the NPU emulator's cost model reads it (workbench.backends.npu.arch)
+    array: dict = field(default_factory=dict)
 
     def peak(self, dtype: str = "fp32") -> float:
         """Peak FLOP/s for ``dtype``, falling back to fp32 when the dtype has no figure of its own."""
@@ -40,6 +43,26 @@ class DeviceProfile:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _aie_array(generation: str, physical_columns: int, usable_columns: int, clock_ghz: float) -> dict:
+    """AIE array geometry: every AIE-ML core has 64 KiB data memory, every memory tile 512 KiB, each DMA
+    channel moves 32 bit per cycle, 4 compute rows; clocks follow from the published TOPS (npu1: 10 TOPS =
+    20 cores x 256 int8 MAC x 2 x 1.0 GHz; Hawk Point 16 TOPS at 1.6 GHz; npu2: 50 TOPS = 32 x 512 x 2 x
+    1.53 GHz). One design uses at most ``usable_columns`` (mlir-aie's npu1_4col, npu2). An XRT launch costs
+    ~120-160 us (DESIGN.md section 6; midpoint used)."""
+    return {
+        "generation": generation,
+        "physical_columns": physical_columns,
+        "usable_columns": usable_columns,
+        "rows": 4,
+        "clock_ghz": clock_ghz,
+        "core_memory_kib": 64,
+        "memtile_kib": 512,
+        "dma_bytes_per_cycle": 4,
+        "shim_channels_per_column": 2,
+        "launch_us": 140.0,
+    }
 
 
 _SRC_780M = (
@@ -79,6 +102,7 @@ PUBLISHED: dict[str, DeviceProfile] = {
                 "power_w": "NPU active power ~1.5 W (FastFlowLM published figure for XDNA2 decode; same class)",
             },
             notes="no fp32 datapath: fp32 figure is the bf16 rate (inputs rounded to bf16)",
+            array=_aie_array("npu1", 5, 4, 1.0),
         ),
         DeviceProfile(
             "hawkpoint",
@@ -93,6 +117,7 @@ PUBLISHED: dict[str, DeviceProfile] = {
                 "mem_bw": "derived as for Phoenix: 4 shim columns x 2 DMA channels x 4 GB/s",
                 "power_w": "~1.5 W NPU active power (FastFlowLM figure for the XDNA family)",
             },
+            array=_aie_array("npu1", 5, 4, 1.6),
         ),
         DeviceProfile(
             "890m",
@@ -121,6 +146,7 @@ PUBLISHED: dict[str, DeviceProfile] = {
                 "mem_bw": "derived: 8 shim columns x 2 input DMA channels x 4 GB/s = 64 GB/s (LPDDR5x 120 GB/s)",
                 "power_w": "FastFlowLM: Llama 3.2 1B decode at 36.7 tok/s using ~1.5 W on XDNA2",
             },
+            array=_aie_array("npu2", 8, 8, 1.53),
         ),
         DeviceProfile(
             "h100",
