@@ -196,7 +196,8 @@ class Backend(ABC):
 
     def run_ops(self, graph: Graph, step: Step, kernel_for, observer: OpObserver | None) -> np.ndarray:
         """Host op loop shared by host backends: ``kernel_for(op)`` gives ``kernel(backend, op, env, step)``
-        (or None: unsupported); each op is reported to ``observer``; sequence lengths advance at the end."""
+        (or None: unsupported); each op is reported to ``observer`` (with the device seconds a kernel may
+        return, e.g. an emulator's); sequence lengths advance at the end."""
         env: dict[str, np.ndarray] = {
             "tokens": step.tokens,
             "positions": step.positions,
@@ -212,8 +213,8 @@ class Backend(ABC):
                 kernel(self, op, env, step)
             else:
                 t0 = time.perf_counter()
-                kernel(self, op, env, step)
-                observer.on_op(op, step, t0, time.perf_counter() - t0)
+                device_s = kernel(self, op, env, step)
+                observer.on_op(op, step, t0, time.perf_counter() - t0, device_s)
         for s in step.seqs:
             s.cache.length = int(step.positions[s.stop - 1]) + 1
         return env[graph.outputs[0]]
