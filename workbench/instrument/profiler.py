@@ -104,7 +104,7 @@ class Profiler:
                         "kind": op.kind,
                         "layer": -1 if op.layer is None else op.layer,
                         "backend": s.backend,
-                        "device": s.device,
+                        "device": op.attrs.get("device", s.device),  # backends that place ops say where
                         "n_tokens": s.n_tokens,
                         "shapes": " ".join(
                             f"{n}{list(g.tensors[n].shape)}" for n in op.inputs if n in g.tensors
@@ -117,7 +117,7 @@ class Profiler:
                         "host_s": host_s,
                         "device_s": np.nan if dev_s is None else dev_s,
                         "time_s": t,
-                        "timing": "device" if dev_s is not None else "host",
+                        "timing": op.attrs.get("timing") or ("device" if dev_s is not None else "host"),
                         "bytes_read": cost.bytes_read,
                         "bytes_written": cost.bytes_written,
                         "flops": cost.flops,

@@ -1,0 +1,136 @@
+"""Functional execution of NPU schedules in numpy, with the NPU's numerics.
+
+Each function runs the tiling of its :class:`~workbench.backends.npu.schedule.Schedule`: the reduction
+dimension in the schedule's steps (that is where accumulation order and precision matter), all tiles of a
+step at once (tile rows are independent, so computing them together gives the same values). Buffers are
+checked against the array's memories first (:meth:`Schedule.check`).
+
+- bf16: inputs rounded to bfloat16, products accumulated in fp32, outputs fp32 (matmuls, attention) or
+  rounded to bf16 (norms, softmax), as the mlir-aie kernels write them
+- int8: int8 x int8 products accumulated exactly in int32, shift-round-saturated to int16 with a static
+  shift, then scaled back by the row scales
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..arch import AieArray
+from ..schedule import Schedule
+from .numerics import F32, quantize_rows_i8, srs, to_bf16
+
+
+def _steps(schedule: Schedule, K: int) -> range:
+    k = schedule.tile["k"]
+    if K % k:
+        raise ValueError(f"{schedule.op}: K={K} is not a multiple of the schedule's k={k}")
+    return range(0, K, k)
+
+
+def matmul_bf16(schedule: Schedule, array: AieArray, x: np.ndarray, w_bf16: np.ndarray) -> np.ndarray:
+    """x (M x K) @ w.T (w: N x K, already bf16 values) for a gemm or gemv schedule."""
+    schedule.check(array)
+    xb = to_bf16(x)
+    k = schedule.tile["k"]
+    acc = np.zeros((x.shape[0], w_bf16.shape[0]), F32)
+    for k0 in _steps(schedule, x.shape[1]):
+        acc += xb[:, k0 : k0 + k] @ w_bf16[:, k0 : k0 + k].T
+    return acc
+
+
+def matmul_i8(
+    schedule: Schedule, array: AieArray, x: np.ndarray, wq: np.ndarray, w_scale: np.ndarray, shift: int
+) -> np.ndarray:
+    """Int8 GEMM/GEMV: activations quantized per row to int8, int32 accumulation over k-steps, SRS to
+    int16 by ``shift``, dequantized with the activation and weight row scales. ``wq`` holds the int8
+    weights as float32 (exact), so each k-step (k <= 1024: |partial| < 2**24) is exact in fp32 BLAS."""
+    schedule.check(array)
+    if schedule.tile["k"] > 1024:
+        raise ValueError("int8 emulation needs k <= 1024 (exact fp32 partial sums)")
+    xq, sx = quantize_rows_i8(x)
+    xf = xq.astype(F32)
+    k = schedule.tile["k"]
+    acc = np.zeros((x.shape[0], wq.shape[0]), np.int64)
+    for k0 in _steps(schedule, x.shape[1]):
+        acc += (xf[:, k0 : k0 + k] @ wq[:, k0 : k0 + k].T).astype(np.int64)
+    if np.abs(acc).max(initial=0) >= 2**31:
+        raise OverflowError("int32 accumulator overflow in the int8 GEMM")
+    out = srs(acc, shift).astype(F32) * F32(2.0**shift)
+    return out * sx[:, None] * w_scale[None, :].astype(F32)
+
+
+def rmsnorm(
+    schedule: Schedule, array: AieArray, x: np.ndarray, w_bf16: np.ndarray, eps: float, group: int | None
+) -> np.ndarray:
+    """RMSNorm over rows (or groups of ``group`` values): bf16 in, fp32 statistics, bf16 out."""
+    schedule.check(array)
+    g = group or x.shape[-1]
+    xs = to_bf16(x).reshape(-1, g)
+    ms = np.mean(xs * xs, axis=-1, keepdims=True, dtype=F32)
+    out = xs * (F32(1.0) / np.sqrt(ms + F32(eps))) * w_bf16.reshape(1, g)
+    return to_bf16(out).reshape(x.shape)
+
+
+def softmax(schedule: Schedule, array: AieArray, x: np.ndarray) -> np.ndarray:
+    """Row softmax: bf16 in, fp32 max/exp/sum, bf16 out."""
+    schedule.check(array)
+    xs = to_bf16(x)
+    e = np.exp(xs - xs.max(axis=-1, keepdims=True))
+    return to_bf16(e / e.sum(axis=-1, keepdims=True, dtype=F32))
+
+
+def attention(
+    schedule: Schedule,
+    array: AieArray,
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    q_pos: np.ndarray,
+    k_pos: np.ndarray,
+    scale: float,
+    window: int = 0,
+) -> np.ndarray:
+    """Causal (sliding-window) GQA attention as the schedule tiles it: per key split, chunks of
+    ``kv_chunk`` keys with an online softmax in fp32 (scores from bf16 q and K, probabilities rounded to
+    bf16 for P @ V), then the splits merged by log-sum-exp. Returns (T, n_heads * head_dim) fp32."""
+    schedule.check(array)
+    p = schedule.problem
+    nkv, d = p["n_kv_heads"], p["head_dim"]
+    g = p["n_heads"] // nkv
+    t, s = q.shape[0], keys.shape[0]
+    qh = to_bf16(q).reshape(t, nkv, g, d)
+    kh = to_bf16(keys).reshape(s, nkv, d)
+    vh = to_bf16(values).reshape(s, nkv, d)
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if window:
+        visible &= k_pos[None, :] > q_pos[:, None] - window
+    splits, chunk = schedule.tile["splits"], schedule.tile["kv_chunk"]
+    per_split = -(-s // splits)
+    ms, ls, accs = [], [], []
+    for s0 in range(0, s, per_split):
+        m = np.full((t, nkv, g), -np.inf, F32)
+        l_sum = np.zeros((t, nkv, g), F32)
+        acc = np.zeros((t, nkv, g, d), F32)
+        for c0 in range(s0, min(s, s0 + per_split), chunk):
+            c1 = min(s, s0 + per_split, c0 + chunk)
+            sc = np.einsum("tkgd,skd->tkgs", qh, kh[c0:c1], optimize=True) * F32(scale)
+            sc = np.where(visible[:, None, None, c0:c1], sc, F32(-np.inf))
+            m_new = np.maximum(m, sc.max(axis=-1))
+            base = np.where(np.isfinite(m_new), m_new, F32(0.0))
+            alpha = np.exp(m - base)
+            pr = np.exp(sc - base[..., None])
+            l_sum = l_sum * alpha + pr.sum(axis=-1, dtype=F32)
+            acc = acc * alpha[..., None] + np.einsum("tkgs,skd->tkgd", to_bf16(pr), vh[c0:c1], optimize=True)
+            m = m_new
+        ms.append(m)
+        ls.append(l_sum)
+        accs.append(acc)
+    m_all = np.max(ms, axis=0)
+    base = np.where(np.isfinite(m_all), m_all, F32(0.0))
+    num = np.zeros_like(accs[0])
+    den = np.zeros_like(ls[0])
+    for m, l_sum, acc in zip(ms, ls, accs):
+        wgt = np.exp(m - base)
+        num += acc * wgt[..., None]
+        den += l_sum * wgt
+    return (num / den[..., None]).reshape(t, nkv * g * d).astype(F32)

@@ -1,0 +1,401 @@
+"""One schedule description per NPU op: tiles, columns and cores, object FIFOs, DMA access patterns, dtypes.
+
+A :class:`Schedule` is the single source of both the IRON design (:mod:`workbench.backends.npu.iron`)
+and the emulator (:mod:`workbench.backends.npu.emulator`), so they cannot drift apart. Planners pick
+tile sizes that fit the cores' and memory tiles' memories (checked by :meth:`Schedule.check`) and, among
+those, the fastest under the cost model.
+
+Ops: ``gemm`` (activations x weights, several rows), ``gemv`` (one row: decode), ``rmsnorm``, ``softmax``
+and ``attention`` (queries over a KV cache, split over the keys flash-decoding style).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any
+
+from .arch import DTYPE_BYTES, MAX_BURST_BYTES, AieArray
+
+OPS = ("gemm", "gemv", "rmsnorm", "softmax", "attention")
+# accumulator / output dtype of each input dtype (bf16 -> fp32; int8 -> int32 acc, shift-round-saturate to int16)
+OUT_DTYPE = {"bf16": "f32", "i8": "i16", "i16": "i32"}
+
+
+class ScheduleError(ValueError):
+    """A schedule does not fit the array (buffers too big, shape not tileable)."""
+
+
+def ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+@dataclass(frozen=True)
+class Fifo:
+    """An object FIFO: ``depth`` buffers of ``shape`` x ``dtype`` from ``src`` to ``dst`` tiles.
+
+    ``dims`` is the DMA access pattern (size, stride) the producer streams with (mlir-aie
+    ``dims_to_stream``); ``fanout`` how many consumers a broadcast reaches; ``per_call`` whether a new
+    object arrives for every kernel call (else once per launch, e.g. a norm weight).
+    """
+
+    name: str
+    src: str  # shim | memtile | core
+    dst: str
+    shape: tuple[int, ...]
+    dtype: str
+    depth: int = 2
+    dims: tuple[tuple[int, int], ...] = ()
+    fanout: int = 1
+    per_call: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
+
+    @property
+    def footprint(self) -> int:
+        return self.nbytes * self.depth
+
+
+@dataclass(frozen=True)
+class DdrTransfer:
+    """What the shim DMAs move between DDR and the array in one launch: ``nbytes`` in contiguous runs of
+    ``run_bytes`` (the innermost dimension of the runtime access pattern), spread over ``columns`` shims."""
+
+    tensor: str
+    direction: str  # in | out
+    nbytes: int
+    run_bytes: int
+    columns: int = 1
+
+    @property
+    def bursts(self) -> int:
+        runs = -(-self.nbytes // max(1, self.run_bytes))
+        return runs * -(-self.run_bytes // MAX_BURST_BYTES)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one op runs on the array (see the module docstring)."""
+
+    op: str
+    device: str
+    dtype_in: str
+    dtype_out: str
+    problem: Mapping[str, int]
+    tile: Mapping[str, int]
+    columns: int
+    rows: int
+    fifos: tuple[Fifo, ...]
+    transfers: tuple[DdrTransfer, ...]
+    calls_per_core: int
+    macs_per_call: int
+    mac_unit: str  # "matrix" (MAC tiles) or "vector" (one column of a MAC tile: GEMV, attention rows < r)
+    vector_ops_per_call: int
+    kernels: tuple[str, ...]
+    scratch_bytes: int = 0
+    notes: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "problem", MappingProxyType(dict(self.problem)))
+        object.__setattr__(self, "tile", MappingProxyType(dict(self.tile)))
+        object.__setattr__(self, "notes", MappingProxyType(dict(self.notes)))
+
+    @property
+    def cores(self) -> int:
+        return self.columns * self.rows
+
+    def core_bytes(self) -> int:
+        """Data memory one core needs: its FIFO buffers (both ends' share) and kernel scratch."""
+        return sum(f.footprint for f in self.fifos if "core" in (f.src, f.dst)) + self.scratch_bytes
+
+    def memtile_bytes(self) -> int:
+        """Memory one memory tile needs: the FIFOs that land in it from DDR or leave it for DDR."""
+        return sum(
+            f.footprint
+            for f in self.fifos
+            if f.dst == "memtile" or (f.src == "memtile" and f.dst == "shim")
+        )
+
+    def stream_bytes_per_call(self) -> int:
+        """Bytes the busiest core input channel carries per kernel call."""
+        return max((f.nbytes for f in self.fifos if f.dst == "core" and f.per_call), default=0)
+
+    def min_depth(self) -> int:
+        return min((f.depth for f in self.fifos if f.per_call), default=2)
+
+    def check(self, array: AieArray) -> None:
+        """Raise :class:`ScheduleError` unless every tile's buffers fit and the placement exists."""
+        if self.columns > array.columns or self.rows > array.rows:
+            raise ScheduleError(
+                f"{self.op} on {array.key}: {self.columns} columns x {self.rows} rows exceeds the array "
+                f"({array.columns} usable columns x {array.rows} rows)"
+            )
+        core, limit = self.core_bytes(), array.usable_core_bytes()
+        if core > limit:
+            parts = ", ".join(f"{f.name} {f.footprint}" for f in self.fifos if "core" in (f.src, f.dst))
+            raise ScheduleError(
+                f"{self.op} {dict(self.tile)} on {array.key}: core buffers need {core} bytes "
+                f"({parts}, scratch {self.scratch_bytes}) but a core has {limit} for data"
+            )
+        mem = self.memtile_bytes()
+        if mem > array.memtile_bytes:
+            raise ScheduleError(
+                f"{self.op} {dict(self.tile)} on {array.key}: memory-tile buffers need {mem} bytes, "
+                f"a memory tile has {array.memtile_bytes}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(problem=dict(self.problem), tile=dict(self.tile), notes=dict(self.notes))
+        d["core_bytes"], d["memtile_bytes"] = self.core_bytes(), self.memtile_bytes()
+        return d
+
+
+# -- planners ----------------------------------------------------------------------------------------
+def _best(candidates: list[Schedule], array: AieArray, what: str) -> Schedule:
+    from .cost import estimate
+
+    fitting, errors = [], []
+    for s in candidates:
+        try:
+            s.check(array)
+            fitting.append(s)
+        except ScheduleError as e:
+            errors.append(str(e))
+    if not fitting:
+        raise ScheduleError(f"no {what} schedule fits {array.key}: " + (errors[-1] if errors else "no candidates"))
+    return min(fitting, key=lambda s: estimate(s, array).seconds)
+
+
+def _mm_dims(r: int, s: int, t: int, m: int, k: int, n: int, b_col_maj: bool):
+    a = ((m // r, r * k), (k // s, s), (r, k), (s, 1))
+    b = ((n // t, t * k), (k // s, s), (t, k), (s, 1)) if b_col_maj else ((k // s, s * n), (n // t, t), (s, n), (t, 1))
+    c = ((m // r, r * n), (r, t), (n // t, r * t), (t, 1))
+    return a, b, c
+
+
+def gemm_schedule(
+    array: AieArray,
+    M: int,
+    K: int,
+    N: int,
+    dtype: str,
+    m: int,
+    k: int,
+    n: int,
+    columns: int,
+    rows: int,
+    dtype_out: str | None = None,
+    b_col_maj: bool = True,
+    depth: int = 2,
+) -> Schedule:
+    """C (M x N) = A (M x K) @ B (K x N), whole-array style: A tiles broadcast along a row of cores, B
+    tiles along a column; each core accumulates m x n tiles over K in steps of k. ``b_col_maj``: B is
+    stored as N x K (our weights), so a B tile's contiguous runs are k long."""
+    r, s, t = array.mac_tile(dtype)
+    out = dtype_out or OUT_DTYPE[dtype]
+    if m % r or k % s or n % t:
+        raise ScheduleError(f"gemm tile {m}x{k}x{n} is not a multiple of the {dtype} MAC tile {r}x{s}x{t}")
+    if K % k:
+        raise ScheduleError(f"gemm: K={K} is not a multiple of k={k}")
+    mp, np_ = ceil_to(M, m * rows), ceil_to(N, n * columns)
+    bi, bo = DTYPE_BYTES[dtype], DTYPE_BYTES[out]
+    a_dims, b_dims, c_dims = _mm_dims(r, s, t, m, k, n, b_col_maj)
+    fifos = (
+        Fifo("A_L3L2", "shim", "memtile", (m, k), dtype, depth),
+        Fifo("A_L2L1", "memtile", "core", (m, k), dtype, depth, a_dims, fanout=columns),
+        Fifo("B_L3L2", "shim", "memtile", (k, n), dtype, depth),
+        Fifo("B_L2L1", "memtile", "core", (k, n), dtype, depth, b_dims, fanout=rows),
+        Fifo("C_L1L2", "core", "memtile", (m, n), out, depth),
+        Fifo("C_L2L3", "memtile", "shim", (m * rows, n), out, depth, c_dims),
+    )
+    a_reads, b_reads = np_ // (n * columns), mp // (m * rows)
+    transfers = (
+        DdrTransfer("A", "in", mp * K * bi * a_reads, k * bi, min(columns, rows)),
+        DdrTransfer("B", "in", np_ * K * bi * b_reads, (k if b_col_maj else n) * bi, columns),
+        DdrTransfer("C", "out", mp * np_ * bo, n * bo, columns),
+    )
+    tiles = (mp // m) * (np_ // n) // (columns * rows)
+    return Schedule(
+        "gemm", array.key, dtype, out, {"M": M, "K": K, "N": N},
+        {"m": m, "k": k, "n": n, "r": r, "s": s, "t": t, "M_pad": mp, "N_pad": np_},
+        columns, rows, fifos, transfers, tiles * (K // k), m * k * n, "matrix", 0,
+        (f"matmul_{dtype}_{out}" + ("_b_col_maj" if b_col_maj else ""), f"zero_{out}", f"mm_{m}x{k}x{n}.o"),
+        notes={"b_col_maj": b_col_maj, "tiles_per_core": tiles},
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> Schedule:
+    r, s, t = array.mac_tile(dtype)
+    cands = []
+    for m in sorted({x for x in (64, 32, 16, 8, 4) if x % r == 0 and x <= max(r, ceil_to(M, r))}, reverse=True):
+        for k in (128, 64, 32):
+            if K % k or k % s:
+                continue
+            for n in (64, 32, 16):
+                if n % t:
+                    continue
+                for cols in sorted({1, 2, array.columns}):
+                    rows = array.rows if M > m else 1
+                    cands.append(gemm_schedule(array, M, K, N, dtype, m, k, n, cols, rows))
+    return _best(cands, array, f"gemm {M}x{K}x{N} {dtype}")
+
+
+def gemv_schedule(
+    array: AieArray, N: int, K: int, dtype: str, m: int, k: int, columns: int, rows: int, depth: int = 2
+) -> Schedule:
+    """y (N) = W (N x K) @ x (K): each core owns blocks of m output rows, streams W tiles m x k (rows of W
+    contiguous when k == K) and the broadcast vector x in pieces of k; fp32 (or int32) accumulation."""
+    if K % k:
+        raise ScheduleError(f"gemv: K={K} is not a multiple of k={k}")
+    out = OUT_DTYPE[dtype]
+    cores = columns * rows
+    np_ = ceil_to(N, m * cores)
+    bi, bo = DTYPE_BYTES[dtype], DTYPE_BYTES[out]
+    blocks = np_ // (m * cores)
+    fifos = (
+        Fifo("W_L3L2", "shim", "memtile", (m * rows, k), dtype, depth),
+        Fifo("W_L2L1", "memtile", "core", (m, k), dtype, depth),
+        Fifo("x_L3L2", "shim", "memtile", (k,), dtype, depth),
+        Fifo("x_L2L1", "memtile", "core", (k,), dtype, depth, fanout=rows),
+        Fifo("y_L1L2", "core", "memtile", (m,), out, depth),
+        Fifo("y_L2L3", "memtile", "shim", (m * rows,), out, depth),
+    )
+    transfers = (
+        DdrTransfer("W", "in", np_ * K * bi, (m * K if k == K else k) * bi, columns),
+        DdrTransfer("x", "in", columns * blocks * K * bi, k * bi, columns),
+        DdrTransfer("y", "out", np_ * bo, m * rows * bo, columns),
+    )
+    return Schedule(
+        "gemv", array.key, dtype, out, {"N": N, "K": K}, {"m": m, "k": k, "N_pad": np_},
+        columns, rows, fifos, transfers, blocks * (K // k), m * k, "vector", 0,
+        (f"matvec_vectorized_{dtype}_{out}", f"zero_vectorized_{out}", f"mv_{m}x{k}.o"),
+        notes={"blocks_per_core": blocks},
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
+    ks = [K // d for d in (1, 2, 4, 8, 16) if K % d == 0 and (K // d) % 32 == 0] or [K]
+    cands = [
+        gemv_schedule(array, N, K, dtype, m, k, cols, array.rows)
+        for m in (64, 32, 16, 8)
+        for k in ks
+        for cols in sorted({1, array.columns})
+        if N >= m
+    ] or [gemv_schedule(array, N, K, dtype, 8, ks[0], 1, 1)]
+    return _best(cands, array, f"gemv {N}x{K} {dtype}")
+
+
+def rowwise_schedule(
+    array: AieArray, op: str, R: int, L: int, dtype: str, rows_per_call: int, columns: int, with_weight: bool
+) -> Schedule:
+    """Row-wise ops (RMSNorm, softmax): each core takes ``rows_per_call`` rows of length L per call, computes
+    in fp32 and writes bf16; a norm's weight row arrives once per launch."""
+    cores = columns * array.rows
+    b = DTYPE_BYTES[dtype]
+    calls = -(-R // (rows_per_call * cores))
+    fifos = [
+        Fifo("in_L3L1", "shim", "core", (rows_per_call, L), dtype),
+        Fifo("out_L1L3", "core", "shim", (rows_per_call, L), dtype),
+    ]
+    transfers = [
+        DdrTransfer("in", "in", R * L * b, rows_per_call * L * b, columns),
+        DdrTransfer("out", "out", R * L * b, rows_per_call * L * b, columns),
+    ]
+    if with_weight:
+        fifos.append(Fifo("w_L3L1", "shim", "core", (L,), dtype, 1, fanout=array.rows, per_call=False))
+        transfers.append(DdrTransfer("w", "in", columns * L * b, L * b, columns))
+    ops_per_elem = {"rmsnorm": 5, "softmax": 8}[op]
+    kernel = {"rmsnorm": ("rms_norm_bf16", "rms_norm.o"), "softmax": ("softmax_bf16", "softmax.o")}[op]
+    return Schedule(
+        op, array.key, dtype, dtype, {"R": R, "L": L}, {"rows_per_call": rows_per_call},
+        columns, array.rows, tuple(fifos), tuple(transfers), calls, 0, "vector",
+        ops_per_elem * rows_per_call * L, kernel, scratch_bytes=rows_per_call * 4,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def plan_rowwise(array: AieArray, op: str, R: int, L: int, dtype: str = "bf16") -> Schedule:
+    if op not in ("rmsnorm", "softmax"):
+        raise ValueError(f"row-wise op must be rmsnorm or softmax, got {op!r}")
+    cands = [
+        rowwise_schedule(array, op, R, L, dtype, rpc, cols, op == "rmsnorm")
+        for rpc in (16, 8, 4, 2, 1)
+        if rpc <= max(1, R)
+        for cols in sorted({1, array.columns})
+    ]
+    return _best(cands, array, f"{op} {R}x{L}")
+
+
+def attention_schedule(
+    array: AieArray,
+    T: int,
+    S: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    q_tile: int,
+    kv_chunk: int,
+    splits: int,
+    dtype: str = "bf16",
+) -> Schedule:
+    """Attention of T queries over S cached keys. Work items are (KV head, key split, query tile); each
+    streams K and V of its split in chunks of ``kv_chunk`` keys, keeps a running max/sum in fp32
+    (scores from bf16 inputs with fp32 accumulation, probabilities rounded to bf16 for P @ V), and the
+    partials of the splits are merged (log-sum-exp) at the end."""
+    group = n_heads // n_kv_heads
+    b = DTYPE_BYTES[dtype]
+    qrows = q_tile * group
+    q_tiles = -(-T // q_tile)
+    items = n_kv_heads * splits * q_tiles
+    cores = min(array.cores, items)
+    columns = min(array.columns, -(-cores // array.rows))
+    rows = min(array.rows, cores)
+    keys_per_split = -(-S // splits)
+    chunks = -(-keys_per_split // kv_chunk)
+    calls = -(-items // (columns * rows)) * chunks
+    fifos = (
+        Fifo("q_L3L1", "shim", "core", (qrows, head_dim), dtype, 1, per_call=False),
+        Fifo("k_L3L1", "shim", "core", (kv_chunk, head_dim), dtype),
+        Fifo("v_L3L1", "shim", "core", (kv_chunk, head_dim), dtype),
+        Fifo("o_L1L3", "core", "shim", (qrows, head_dim + 2), "f32", 1, per_call=False),
+    )
+    scratch = qrows * kv_chunk * 4 + qrows * head_dim * 4  # scores and the fp32 output accumulator
+    kv_bytes = S * head_dim * b * n_kv_heads * q_tiles
+    transfers = (
+        DdrTransfer("q", "in", T * n_heads * head_dim * b, head_dim * b, columns),
+        DdrTransfer("K", "in", kv_bytes, head_dim * b, columns),
+        DdrTransfer("V", "in", kv_bytes, head_dim * b, columns),
+        DdrTransfer("out", "out", T * n_heads * (head_dim + 2) * 4 * splits, head_dim * 4, columns),
+    )
+    unit = "matrix" if qrows >= array.mac_tile(dtype)[0] else "vector"
+    return Schedule(
+        "attention", array.key, dtype, "f32",
+        {"T": T, "S": S, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim},
+        {"q_tile": q_tile, "kv_chunk": kv_chunk, "splits": splits},
+        columns, rows, fifos, transfers, calls, 2 * qrows * kv_chunk * head_dim, unit, 10 * qrows * kv_chunk,
+        ("matmul_bf16_f32", "softmax_bf16", "mm_attention.o"), scratch_bytes=scratch,
+        notes={"work_items": items, "chunks_per_item": chunks},
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def plan_attention(
+    array: AieArray, T: int, S: int, n_heads: int, n_kv_heads: int, head_dim: int, dtype: str = "bf16"
+) -> Schedule:
+    cands = []
+    for q_tile in sorted({min(T, q) for q in (64, 16, 4, 1)}, reverse=True):
+        for chunk in (64, 32, 16, 8):
+            max_split = max(1, min(array.cores // n_kv_heads, -(-S // chunk)))
+            for splits in sorted({1, max_split}):
+                cands.append(
+                    attention_schedule(array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, splits, dtype)
+                )
+    return _best(cands, array, f"attention T={T} S={S}")
