@@ -57,7 +57,11 @@ class NpuBackend(Backend):
         mode: str = "emulator",
     ):
         super().__init__(model, threads, tune)
-        device, dtype, mode = self.tunable("device", device), self.tunable("dtype", dtype), self.tunable("mode", mode)
+        device, dtype, mode = (
+            self.tunable("device", device),
+            self.tunable("dtype", dtype),
+            self.tunable("mode", mode),
+        )
         if dtype not in DTYPES:
             raise ValueError(f"npu backend: dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if device not in NPU_DEVICES:
@@ -133,14 +137,18 @@ class NpuBackend(Backend):
         key = (graph.n_tokens, graph.n_logits, graph.rewrites)
         g = self._graphs.get(key)
         if g is None:
-            npu = {"device": f"npu:emulator({self.array.key})", "timing": "emulated", "dtype": self.dtype_name}
+            npu = {
+                "device": f"npu:emulator({self.array.key})",
+                "timing": "emulated",
+                "dtype": self.dtype_name,
+            }
             host = {"device": "numpy:host", "timing": "measured (host)", "dtype": "fp32"}
             ops = [
                 Op(o.name, o.kind, o.inputs, o.outputs, o.weights, {**o.attrs, **(npu if self.supports(o) else host)}, o.layer)
                 for o in graph.ops
             ]  # fmt: skip
             g = Graph(graph.config, graph.n_tokens, graph.n_logits, ops, graph.tensors, graph.weights, graph.outputs,
-                      graph.rewrites + ("npu-placement",))  # fmt: skip
+                      (*graph.rewrites, "npu-placement"))  # fmt: skip
             self._graphs[key] = g
         return g
 
@@ -148,7 +156,9 @@ class NpuBackend(Backend):
     def _matmul_weight(self, name: str):
         w = self._w.get(name)
         if w is None:
-            full = self.model.weights[name].dequantize().astype(F32).reshape(self.model.weights[name].rows, -1)
+            full = (
+                self.model.weights[name].dequantize().astype(F32).reshape(self.model.weights[name].rows, -1)
+            )
             if self.dtype == "bf16":
                 w = to_bf16(full)
             else:
@@ -186,7 +196,9 @@ class NpuBackend(Backend):
         group = op.attr("group")
         length = group or x.shape[-1]
         sched = plan_rowwise(self.array, "rmsnorm", x.size // length, length)
-        env[op.outputs[0]] = emu.rmsnorm(sched, self.array, x, self._norm_weight(op.weights[0]), op.attrs["eps"], group)
+        env[op.outputs[0]] = emu.rmsnorm(
+            sched, self.array, x, self._norm_weight(op.weights[0]), op.attrs["eps"], group
+        )
         return self._charge(sched)
 
     def _attention(self, op: Op, env: dict, step: Step) -> float:
@@ -197,14 +209,22 @@ class NpuBackend(Backend):
         for s in step.seqs:
             sl = slice(s.start, s.stop)
             keys, vals, kpos = s.cache.layers[op.layer].append(pos[sl], k[sl], v[sl])
-            sched = plan_attention(self.array, s.stop - s.start, len(kpos), a["n_heads"], a["n_kv_heads"], a["head_dim"])
-            out[sl] = emu.attention(sched, self.array, q[sl], keys, vals, pos[sl], kpos, a["scale"], a.get("window", 0))
+            sched = plan_attention(
+                self.array, s.stop - s.start, len(kpos), a["n_heads"], a["n_kv_heads"], a["head_dim"]
+            )
+            out[sl] = emu.attention(
+                sched, self.array, q[sl], keys, vals, pos[sl], kpos, a["scale"], a.get("window", 0)
+            )
             seconds += self._charge(sched)
         env[op.outputs[0]] = out
         return seconds
 
     def _kernel_for(self, op: Op):
-        npu = {"matmul": NpuBackend._matmul, "rmsnorm": NpuBackend._rmsnorm, "attention": NpuBackend._attention}
+        npu = {
+            "matmul": NpuBackend._matmul,
+            "rmsnorm": NpuBackend._rmsnorm,
+            "attention": NpuBackend._attention,
+        }
         if op.kind in npu:
             return npu[op.kind]
         host = HOST_KERNELS.get(op.kind)

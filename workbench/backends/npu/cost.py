@@ -50,7 +50,11 @@ def mac_rate(array: AieArray, dtype: str, unit: str) -> float:
 
 
 def call_cycles(schedule: Schedule, array: AieArray) -> float:
-    macs = schedule.macs_per_call / mac_rate(array, schedule.dtype_in, schedule.mac_unit) if schedule.macs_per_call else 0.0
+    macs = (
+        schedule.macs_per_call / mac_rate(array, schedule.dtype_in, schedule.mac_unit)
+        if schedule.macs_per_call
+        else 0.0
+    )
     return macs + schedule.vector_ops_per_call / VECTOR_LANES_F32 + CALL_OVERHEAD_CYCLES
 
 

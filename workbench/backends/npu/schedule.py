@@ -116,9 +116,7 @@ class Schedule:
     def memtile_bytes(self) -> int:
         """Memory one memory tile needs: the FIFOs that land in it from DDR or leave it for DDR."""
         return sum(
-            f.footprint
-            for f in self.fifos
-            if f.dst == "memtile" or (f.src == "memtile" and f.dst == "shim")
+            f.footprint for f in self.fifos if f.dst == "memtile" or (f.src == "memtile" and f.dst == "shim")
         )
 
     def stream_bytes_per_call(self) -> int:
@@ -168,13 +166,19 @@ def _best(candidates: list[Schedule], array: AieArray, what: str) -> Schedule:
         except ScheduleError as e:
             errors.append(str(e))
     if not fitting:
-        raise ScheduleError(f"no {what} schedule fits {array.key}: " + (errors[-1] if errors else "no candidates"))
+        raise ScheduleError(
+            f"no {what} schedule fits {array.key}: " + (errors[-1] if errors else "no candidates")
+        )
     return min(fitting, key=lambda s: estimate(s, array).seconds)
 
 
 def _mm_dims(r: int, s: int, t: int, m: int, k: int, n: int, b_col_maj: bool):
     a = ((m // r, r * k), (k // s, s), (r, k), (s, 1))
-    b = ((n // t, t * k), (k // s, s), (t, k), (s, 1)) if b_col_maj else ((k // s, s * n), (n // t, t), (s, n), (t, 1))
+    b = (
+        ((n // t, t * k), (k // s, s), (t, k), (s, 1))
+        if b_col_maj
+        else ((k // s, s * n), (n // t, t), (s, n), (t, 1))
+    )
     c = ((m // r, r * n), (r, t), (n // t, r * t), (t, 1))
     return a, b, c
 
@@ -234,7 +238,9 @@ def gemm_schedule(
 def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> Schedule:
     r, s, t = array.mac_tile(dtype)
     cands = []
-    for m in sorted({x for x in (64, 32, 16, 8, 4) if x % r == 0 and x <= max(r, ceil_to(M, r))}, reverse=True):
+    for m in sorted(
+        {x for x in (64, 32, 16, 8, 4) if x % r == 0 and x <= max(r, ceil_to(M, r))}, reverse=True
+    ):
         for k in (128, 64, 32):
             if K % k or k % s:
                 continue
@@ -242,7 +248,7 @@ def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> S
                 if n % t:
                     continue
                 for cols in sorted({1, 2, array.columns}):
-                    rows = array.rows if M > m else 1
+                    rows = array.rows if m < M else 1
                     cands.append(gemm_schedule(array, M, K, N, dtype, m, k, n, cols, rows))
     return _best(cands, array, f"gemm {M}x{K}x{N} {dtype}")
 
@@ -288,7 +294,7 @@ def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
         for m in (64, 32, 16, 8)
         for k in ks
         for cols in sorted({1, array.columns})
-        if N >= m
+        if m <= N
     ] or [gemv_schedule(array, N, K, dtype, 8, ks[0], 1, 1)]
     return _best(cands, array, f"gemv {N}x{K} {dtype}")
 
@@ -396,6 +402,8 @@ def plan_attention(
             max_split = max(1, min(array.cores // n_kv_heads, -(-S // chunk)))
             for splits in sorted({1, max_split}):
                 cands.append(
-                    attention_schedule(array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, splits, dtype)
+                    attention_schedule(
+                        array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, splits, dtype
+                    )
                 )
     return _best(cands, array, f"attention T={T} S={S}")

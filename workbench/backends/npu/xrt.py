@@ -139,7 +139,9 @@ def _pyxrt():
 class XrtKernel:
     """One built design, loaded on the NPU: ``run(*inputs)`` returns its outputs and the measured time."""
 
-    def __init__(self, xclbin: str | Path, insts: str | Path, kernel_name: str = "MLIR_AIE", device_index: int = 0):
+    def __init__(
+        self, xclbin: str | Path, insts: str | Path, kernel_name: str = "MLIR_AIE", device_index: int = 0
+    ):
         xrt = _pyxrt()
         xclbin, self.insts = Path(xclbin), read_insts(insts)
         if not xclbin.exists():
@@ -150,7 +152,9 @@ class XrtKernel:
         self.device.register_xclbin(self.xclbin)
         self.context = xrt.hw_context(self.device, self.xclbin.get_uuid())
         self.kernel = xrt.kernel(self.context, kernel_name)
-        self.instr_bo = xrt.bo(self.device, self.insts.nbytes, xrt.bo.flags.cacheable, self.kernel.group_id(INSTR_GROUP))
+        self.instr_bo = xrt.bo(
+            self.device, self.insts.nbytes, xrt.bo.flags.cacheable, self.kernel.group_id(INSTR_GROUP)
+        )
         self.instr_bo.write(self.insts.tobytes(), 0)
         self.instr_bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE)
 
@@ -158,7 +162,9 @@ class XrtKernel:
         flags = self.xrt.bo.flags.host_only
         return self.xrt.bo(self.device, nbytes, flags, self.kernel.group_id(FIRST_DATA_GROUP + index))
 
-    def run(self, inputs: list[np.ndarray], outputs: list[tuple[tuple[int, ...], np.dtype]]) -> tuple[list[np.ndarray], float]:
+    def run(
+        self, inputs: list[np.ndarray], outputs: list[tuple[tuple[int, ...], np.dtype]]
+    ) -> tuple[list[np.ndarray], float]:
         """Copy ``inputs`` in, launch, wait, copy the ``outputs`` (shape, dtype) back. Returns the arrays and
         the measured seconds of sync + launch + wait (``measured on the NPU via pyxrt``)."""
         xrt = self.xrt
