@@ -28,6 +28,7 @@ from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
 from . import kernels as k
 from . import matvec as mv
+from . import rows as rk
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
 Env = dict[str, np.ndarray]
@@ -56,7 +57,9 @@ class CpuBackend(Backend):
     """numba kernels on the host CPU."""
 
     name = "cpu"
-    tunable_names = ("act_quant", "fused", "gemv_max_rows", "dense_cache_mib", "rows_per_task")
+    tunable_names = (
+        "act_quant", "fused", "gemv_max_rows", "dense_cache_mib", "rows_per_task", "batch_rows", "batch_min_rows"
+    )
 
     def __init__(
         self,
@@ -67,6 +70,8 @@ class CpuBackend(Backend):
         gemv_max_rows: int = 4,
         dense_cache_mib: int = 1024,
         rows_per_task: int = mv.ROWS_PER_TASK,
+        batch_rows: int = 16,
+        batch_min_rows: int = 2,
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
@@ -82,6 +87,13 @@ class CpuBackend(Backend):
         if gemv_max_rows < 1 or dense_cache_mib < 0:
             raise ValueError("gemv_max_rows must be >= 1 and dense_cache_mib >= 0")
         self.act_quant, self.fused, self.gemv_max_rows = act_quant, fused, gemv_max_rows
+        # steps of batch_min_rows..batch_rows rows (batched decode, speculative verification) use the
+        # batched kernel (rows.py: exact float activations, a row's result independent of the batch)
+        self.batch_rows = self.tunable("batch_rows", batch_rows)
+        self.batch_min_rows = self.tunable("batch_min_rows", batch_min_rows)
+        if self.batch_min_rows < 1 or self.batch_rows < 0:
+            raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")
+        self.small_rows = max(gemv_max_rows, self.batch_rows)  # steps up to this many rows avoid BLAS
         self.dense_budget = dense_cache_mib << 20
         self._dense: dict[str, np.ndarray] = {}
         self._graphs: dict[int, Graph] = {}
@@ -122,7 +134,7 @@ class CpuBackend(Backend):
         """Compile (or load from numba's cache) every kernel the model needs, outside the token loop."""
         t0 = time.perf_counter()
         misses0 = _cache_misses()
-        for n in (self.gemv_max_rows + 1, 1):
+        for n in sorted({self.small_rows + 1, self.batch_min_rows, 1}, reverse=True):
             cache = self.new_cache(n)
             step = Step.single(cache, np.zeros(n, np.int32), 0, "last", "warmup")
             self.run(self.prepare_graph(self.model.graph(n, 1)), step)
@@ -141,6 +153,7 @@ class CpuBackend(Backend):
                 "act_quant": self.act_quant,
                 "fused": self.fused,
                 "rows_per_task": self.rows_per_task,
+                "batch_rows": [self.batch_min_rows, self.batch_rows],
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
                 "profile": "host",
@@ -184,7 +197,7 @@ class CpuBackend(Backend):
         numba.set_num_threads(self._n_threads)
         # BLAS threads only for steps big enough to use them: on small steps an idle BLAS pool spinning
         # beside numba's workers costs more than the small products gain (measured 4x slower attention)
-        self._set_blas_threads(self._n_threads if step.n_tokens > self.gemv_max_rows else 1)
+        self._set_blas_threads(self._n_threads if step.n_tokens > self.small_rows else 1)
         self._rope.clear()
         return self.run_ops(graph, step, lambda op: HANDLERS.get(op.kind), observer)
 
@@ -196,6 +209,8 @@ class CpuBackend(Backend):
     def project(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         """``x @ W.T`` for each weight: fused matvec for few rows, dequantized BLAS GEMM for many."""
         ws = [self.weights[n] for n in names]
+        if self.batch_min_rows <= x.shape[0] <= self.batch_rows and all(w.fmt >= 0 for w in ws):
+            return self._project_rows(x, ws)
         if x.shape[0] > self.gemv_max_rows or any(w.fmt < 0 for w in ws):
             return [self._gemm(x, w) for w in ws]
         outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
@@ -217,6 +232,20 @@ class CpuBackend(Backend):
             else:
                 mv.matvec3_f32(*slots, x, xs, self.rows_per_task)
         return outs
+
+    def _project_rows(self, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
+        """Each weight block decoded once for all rows of ``x`` (batched decode, verification)."""
+        n = x.shape[0]
+        xp = np.zeros((rk.pad_rows(n), x.shape[1]), np.float32)
+        xp[:n] = x
+        outs = [np.empty((len(xp), w.rows), np.float32) for w in ws]
+        for i in range(0, len(ws), 3):
+            slots: list[Any] = []
+            for j in range(3):
+                w = ws[i + j] if i + j < len(ws) else None
+                slots += [w.fmt, w.data, w.n_units, outs[i + j]] if w else [0, _EMPTY_W, 0, _EMPTY_O]
+            rk.matmul_rows3(*slots, xp, self.rows_per_task)
+        return [o[:n] for o in outs]
 
     def _gemm(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
         if w.fmt < 0:
@@ -259,7 +288,7 @@ def _cache_misses() -> int:
 
 _DISPATCHERS = [
     getattr(m, n)
-    for m in (k, mv)
+    for m in (k, mv, rk)
     for n in dir(m)
     if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
 ]
@@ -383,7 +412,7 @@ def _rmsnorm_matmul_gelu(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
 def _gelu(b: CpuBackend, g: np.ndarray, u: np.ndarray, name: str, env: Env) -> None:
     # few rows: the numba kernel; many: numpy's vectorized tanh (a numba parallel loop here would wake
     # numba's thread pool between BLAS calls, and the two pools then fight over the cores)
-    if g.shape[0] <= b.gemv_max_rows:
+    if g.shape[0] <= b.small_rows:
         k.gelu_mul(g, u, _out(env, name, g))
     else:
         env[name] = ref.gelu_mul(g, u)
