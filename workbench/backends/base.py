@@ -183,6 +183,11 @@ class Backend(ABC):
     def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
         """Execute the step; return logits (n_logits, vocab) as float32 on the host."""
 
+    def run_greedy(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> int:
+        """The argmax token of the step's last logits row (backends that sample on the device override this
+        to skip reading the logits back)."""
+        return int(np.argmax(self.run(graph, step, observer)[-1]))
+
     def threads_used(self) -> int:
         """Host threads this backend computes with (what a fair comparison gives llama.cpp)."""
         return self.threads or host_cores()

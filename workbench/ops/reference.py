@@ -32,14 +32,18 @@ def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.matmul(x.astype(F32, copy=False), w.T.astype(F32, copy=False))
 
 
+def rope_inv_freq(head_dim: int, base: float, scale: float = 1.0) -> np.ndarray:
+    """RoPE inverse frequencies (head_dim / 2,) in float32, as transformers computes them."""
+    exps = np.arange(0, head_dim, 2, dtype=np.int64).astype(F32) / F32(head_dim)
+    inv_freq = (F32(1.0) / (F32(base) ** exps)).astype(F32)
+    return inv_freq / F32(scale) if scale != 1.0 else inv_freq
+
+
 def rope_tables(
     positions: np.ndarray, head_dim: int, base: float, scale: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables, (tokens, head_dim), as transformers computes them in float32."""
-    exps = np.arange(0, head_dim, 2, dtype=np.int64).astype(F32) / F32(head_dim)
-    inv_freq = (F32(1.0) / (F32(base) ** exps)).astype(F32)
-    if scale != 1.0:
-        inv_freq = inv_freq / F32(scale)
+    inv_freq = rope_inv_freq(head_dim, base, scale)
     freqs = positions.astype(F32)[:, None] * inv_freq[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
     return np.cos(emb).astype(F32), np.sin(emb).astype(F32)

@@ -1,0 +1,34 @@
+// Shared declarations of every workbench compute shader.
+//
+// Bindings (one descriptor set layout for all kernels; unused bindings hold a dummy buffer):
+//   0  weights of the op (planar quant blocks, see quant.glsl), read as 32-bit words
+//   1  the step's activation arena (float32 tensors at word offsets given in push constants)
+//   2  the step's parameters (uint words: tokens, positions, logit rows, written by the host per step)
+//   3  small float32 tensors of the model (norm weights, RoPE inverse frequencies)
+//   4  the layer's KV cache (keys then values, float32)
+//   5  a second weight (the `up` projection of a fused gate/up kernel), like binding 0
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
+layout(binding = 0) readonly buffer Weights { uint w32[]; };
+layout(binding = 1) buffer Arena { float act[]; };
+layout(binding = 1) buffer Arena4 { vec4 act4[]; };
+layout(binding = 2) buffer Params { uint params[]; };
+layout(binding = 3) readonly buffer Smalls { float smalls[]; };
+layout(binding = 4) buffer Cache { float kv[]; };
+layout(binding = 4) buffer Cache4 { vec4 kv4[]; };
+layout(binding = 5) readonly buffer Weights2 { uint w32b[]; };
+
+// Layout of the params buffer: [0] number of tokens T, [1] number of logit rows R,
+// then T token ids from word 4, T positions from word 4 + PARAM_STRIDE, R row indices from 4 + 2*PARAM_STRIDE.
+const uint PARAM_STRIDE = 8192;  // = workbench.backends.vulkan.program.MAX_STEP_TOKENS
+uint p_token(uint t) { return params[4 + t]; }
+uint p_pos(uint t) { return params[4 + PARAM_STRIDE + t]; }
+uint p_row(uint r) { return params[4 + 2 * PARAM_STRIDE + r]; }
+
+// tanh written so that it saturates cleanly for large |x| (no inf/inf)
+float safe_tanh(float x) { return 1.0 - 2.0 / (exp(2.0 * x) + 1.0); }
+float gelu_tanh(float x) { return 0.5 * x * (1.0 + safe_tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+// Workgroup index over a 2-D grid (x is capped at 65535 groups).
+uint flat_group() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }

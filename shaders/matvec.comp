@@ -1,0 +1,119 @@
+#version 450
+// Decode projection: y[t, row0 + r] = sum_k W[r, k] * x[t, k] for a few tokens t (T <= MAX_T), reading the
+// weight in its quantized planar layout once for all tokens.
+// Variants: NORM (RMSNorm of x fused in: x * inv_rms(x) * nw), GELU_PAIR (second weight `up` in binding 5:
+// y = gelu(W x) * (U x)). ROW_THREADS threads share a row; WG / ROW_THREADS rows per workgroup.
+#extension GL_GOOGLE_include_directive : require
+#include "common.glsl"
+#define WBUF w32
+#define DEQ8 deq_a
+#include "quant.glsl"
+#ifdef GELU_PAIR
+#undef WBUF
+#undef DEQ8
+#define WBUF w32b
+#define DEQ8 deq_b
+#include "quant.glsl"
+#endif
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 0) const uint WG = 128;
+layout(constant_id = 1) const uint ROW_THREADS = 32;
+layout(constant_id = 2) const uint NT = 1;  // tokens of the step (at most 8)
+#define MAX_T 8
+const uint ROWS = WG / ROW_THREADS;
+
+layout(push_constant) uniform PC {
+    uvec4 pl;
+    uvec4 pl2;
+    uint K, N, unused_t, row0;
+    uint x_off, x_stride, y_off, y_stride;
+    uint nw_off;
+    float eps;
+} pc;
+
+shared float red[WG];
+shared float inv_rms[MAX_T];
+
+float row_sum(float v, uint tid, uint r_local, uint lane) {
+    // sum over the ROW_THREADS lanes of a row (ROW_THREADS is a multiple of the subgroup size)
+    float s = subgroupAdd(v);
+    if (ROW_THREADS == gl_SubgroupSize) return s;
+    if (subgroupElect()) red[gl_SubgroupID] = s;
+    barrier();
+    uint per = ROW_THREADS / gl_SubgroupSize;
+    float tot = 0.0;
+    for (uint i = 0u; i < per; ++i) tot += red[r_local * per + i];
+    barrier();
+    return tot;
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint r_local = tid / ROW_THREADS, lane = tid % ROW_THREADS;
+    uint row = flat_group() * ROWS + r_local;
+#ifdef NORM
+    for (uint t = 0u; t < NT; ++t) {
+        float s = 0.0;
+        for (uint k = tid; k < pc.K; k += WG) {
+            float v = act[pc.x_off + t * pc.x_stride + k];
+            s += v * v;
+        }
+        s = subgroupAdd(s);
+        if (subgroupElect()) red[gl_SubgroupID] = s;
+        barrier();
+        if (tid == 0u) {
+            float tot = 0.0;
+            for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[i];
+            inv_rms[t] = 1.0 / sqrt(tot / float(pc.K) + pc.eps);
+        }
+        barrier();
+    }
+#endif
+    float acc[MAX_T];
+#ifdef GELU_PAIR
+    float acc2[MAX_T];
+#endif
+    for (uint t = 0u; t < MAX_T; ++t) {
+        acc[t] = 0.0;
+#ifdef GELU_PAIR
+        acc2[t] = 0.0;
+#endif
+    }
+    if (row < pc.N) {
+        uint nc = pc.K / 8u;
+        for (uint c = lane; c < nc; c += ROW_THREADS) {
+            vec4 lo, hi;
+            deq_a(pc.pl, pc.K, row, c, lo, hi);
+#ifdef GELU_PAIR
+            vec4 lo2, hi2;
+            deq_b(pc.pl2, pc.K, row, c, lo2, hi2);
+#endif
+#ifdef NORM
+            uint nb = pc.nw_off + 8u * c;
+            vec4 nlo = vec4(smalls[nb], smalls[nb + 1], smalls[nb + 2], smalls[nb + 3]);
+            vec4 nhi = vec4(smalls[nb + 4], smalls[nb + 5], smalls[nb + 6], smalls[nb + 7]);
+#endif
+            for (uint t = 0u; t < NT; ++t) {
+                uint xb = (pc.x_off + t * pc.x_stride) / 4u + 2u * c;
+                vec4 xl = act4[xb], xh = act4[xb + 1u];
+#ifdef NORM
+                xl = (xl * inv_rms[t]) * nlo;
+                xh = (xh * inv_rms[t]) * nhi;
+#endif
+                acc[t] += dot(lo, xl) + dot(hi, xh);
+#ifdef GELU_PAIR
+                acc2[t] += dot(lo2, xl) + dot(hi2, xh);
+#endif
+            }
+        }
+    }
+    for (uint t = 0u; t < NT; ++t) {
+        float s = row_sum(acc[t], tid, r_local, lane);
+#ifdef GELU_PAIR
+        float s2 = row_sum(acc2[t], tid, r_local, lane);
+        s = gelu_tanh(s) * s2;
+#endif
+        if (lane == 0u && row < pc.N) act[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
+    }
+}

@@ -1,0 +1,261 @@
+"""The ``vulkan`` backend: Gemma 3 resident on a Vulkan device, each step shape recorded once and replayed.
+
+Weights are uploaded once (planar native blocks, :mod:`.weights`); norm weights and RoPE frequency tables
+live in one small buffer; activations in a per-program arena; the KV cache in pooled per-layer buffers.
+A decode step is one submit and one fence wait: greedy decoding samples on the device (``run_greedy``
+reads back 4 bytes), other sampling reads the logits back.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import OrderedDict
+
+import numpy as np
+from tqdm import tqdm
+
+from ...models.model import Model
+from ...ops.fusion import fuse
+from ...ops.graph import Graph, Op
+from ...ops.reference import rope_inv_freq
+from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+from .device import VulkanDevice, list_devices
+from .kernels import PROGRAM_TUNABLES, Pipelines, Tuning
+from .kv_cache import KVPool, VulkanKVCache
+from .memory import Buffer, Transfers
+from .program import MAX_STEP_TOKENS, Builder
+from .recorded import Recorded
+from .weights import DeviceWeight, upload_weight
+
+KERNEL_TUNABLES = (
+    "matvec.wg", "matvec.row_threads", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "attention.wg",
+    "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
+)  # fmt: skip
+MAX_PROGRAMS = 8
+
+
+def _profile_key(name: str) -> str:
+    n = name.lower()
+    if "h100" in n:
+        return "h100"
+    if "780m" in n or "phoenix" in n:
+        return "780m"
+    if "890m" in n:
+        return "890m"
+    return "host" if "llvmpipe" in n or "lavapipe" in n else "unknown"
+
+
+class VulkanBackend(Backend):
+    """Runs step graphs on a Vulkan device (``device_id``: index or name; validation: Khronos layer)."""
+
+    name = "vulkan"
+    tunable_names = (*KERNEL_TUNABLES, "fused", "timestamps")
+
+    def __init__(self, model: Model, threads: int | None = None, tune: str | None = None,
+                 device_id: str | int | None = None, validation: bool | None = None):  # fmt: skip
+        super().__init__(model, threads, tune)
+        self.dev = VulkanDevice(device_id, validation)
+        self.programs: OrderedDict[tuple, Recorded] = OrderedDict()
+        self._graphs: dict[tuple, Graph] = {}
+        self._weights: dict[str, DeviceWeight] = {}
+        self.smalls: Buffer | None = None
+        self.transfers: Transfers | None = None
+        self.pipes: Pipelines | None = None
+        self.kv_pool: KVPool | None = None
+        try:
+            self.tuning = Tuning(
+                self.dev.features, {k: v for k, v in self._tune.items() if k in KERNEL_TUNABLES}
+            )
+            self.fused = self.tunable("fused", True)
+            self.timestamps = self.tunable("timestamps", True) and self.dev.features.timestamps
+            self.pipes = Pipelines(self.dev)
+            self.transfers = Transfers(self.dev)
+            self.params = Buffer(self.dev, (4 + 3 * MAX_STEP_TOKENS) * 4, host=True, name="step params")
+            self.dummy = Buffer(self.dev, 16, name="unused binding")
+            t0 = time.perf_counter()
+            self._upload_model()
+            self.upload_s = time.perf_counter() - t0
+            self.kv_pool = KVPool(self.dev, model.config)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def auto_acceptable(self) -> bool:
+        """``auto`` never prefers a CPU driver (lavapipe) over the ``cpu`` backend."""
+        return not self.dev.features.is_cpu
+
+    @property
+    def device(self) -> DeviceInfo:
+        f = self.dev.features
+        return DeviceInfo(
+            "vulkan",
+            f.name,
+            "cpu" if f.is_cpu else "gpu",
+            {
+                "profile": _profile_key(f.name),
+                "api": f.api_version,
+                "subgroup_size": f.subgroup_size,
+                "fp16": f.fp16,
+                "timestamps": self.timestamps,
+                "validation": self.dev.validation,
+                "weights_bytes": sum(w.nbytes for w in self._weights.values()),
+                "upload_s": round(getattr(self, "upload_s", 0.0), 3),
+                "tunables": dict(self.tuning.values),
+            },
+        )
+
+    @classmethod
+    def probe(cls) -> dict:
+        devs = list_devices()
+        return {
+            "available": bool(devs),
+            "reason": "" if devs else "no Vulkan device",
+            "devices": [d.to_dict() for d in devs],
+        }
+
+    # -- model data ------------------------------------------------------------------------------
+    def _upload_model(self) -> None:
+        m, limit = self.model, self.dev.features.max_storage_buffer_range
+        mats = [n for n, t in m.weights.items() if len(t.shape) == 2]
+        vecs = [n for n, t in m.weights.items() if len(t.shape) == 1]
+        total = sum(m.weights[n].nbytes for n in mats)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="vulkan: uploading weights", file=sys.stderr,
+                   disable=total < 64 << 20, leave=False)  # fmt: skip
+        for n in mats:
+            self._weights[n] = upload_weight(m.weights[n], self.transfers, limit)
+            bar.update(m.weights[n].nbytes)
+        bar.close()
+        self._small_off: dict[str, int] = {}
+        chunks, off = [], 0
+        for n in vecs:
+            v = m.weights[n].dequantize().astype(np.float32).reshape(-1)
+            self._small_off[n] = off
+            chunks.append(v)
+            off += len(v) + (-len(v)) % 4
+            chunks.append(np.zeros((-len(v)) % 4, np.float32))
+        self._rope_off: dict[tuple, int] = {}
+        c = m.config
+        for i in range(c.n_layers):
+            key = (c.head_dim, float(c.rope_base(i)), float(c.rope_scale(i)))
+            if key in self._rope_off:
+                continue
+            inv = rope_inv_freq(*key)
+            self._rope_off[key] = off
+            chunks.append(inv)
+            off += len(inv) + (-len(inv)) % 4
+            chunks.append(np.zeros((-len(inv)) % 4, np.float32))
+        data = np.concatenate(chunks) if chunks else np.zeros(4, np.float32)
+        self.smalls = Buffer(self.dev, data.nbytes, name="norm weights and rope tables")
+        self.transfers.upload(self.smalls, data)
+
+    def weight(self, name: str) -> DeviceWeight:
+        return self._weights[name]
+
+    def small_offset(self, name: str) -> int:
+        return self._small_off[name]
+
+    def rope_offset(self, op: Op) -> int:
+        a = op.attrs
+        return self._rope_off[(a["head_dim"], float(a["base"]), float(a.get("scale", 1.0)))]
+
+    # -- steps -----------------------------------------------------------------------------------
+    def new_cache(self, max_len: int, slack: int = 0) -> VulkanKVCache:
+        return self.kv_pool.new_cache(max_len, slack)
+
+    def prepare_graph(self, graph: Graph) -> Graph:
+        key = (graph.n_tokens, graph.n_logits, id(graph))
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = fuse(graph) if self.fused else graph
+        return g
+
+    def _cache_of(self, step: Step) -> VulkanKVCache:
+        if len(step.seqs) != 1:
+            raise UnsupportedOpError(
+                "vulkan backend: a step runs one sequence (batched steps are not built yet)"
+            )
+        cache = step.seqs[0].cache
+        if not isinstance(cache, VulkanKVCache):
+            raise TypeError(
+                "vulkan backend: the step's KV cache was not made by this backend (use new_cache)"
+            )
+        if step.n_tokens > MAX_STEP_TOKENS:
+            raise ValueError(f"vulkan backend: steps of more than {MAX_STEP_TOKENS} tokens are not supported")
+        return cache
+
+    def _program(self, graph: Graph, cache: VulkanKVCache, greedy: bool) -> Recorded:
+        key = (id(graph), cache.device_kv.id, greedy)
+        prog = self.programs.get(key)
+        if prog is not None:
+            self.programs.move_to_end(key)
+            return prog
+        dispatches, offsets, total = Builder(self, graph, cache.device_kv, greedy).build()
+        logits = graph.outputs[0]
+        region = None if greedy else (offsets[logits], int(np.prod(graph.tensors[logits].shape)))
+        prog = Recorded(self.dev, self.pipes, dispatches, total, self.params, self.smalls, self.dummy, region,
+                        self.timestamps)  # fmt: skip
+        self.programs[key] = prog
+        while len(self.programs) > MAX_PROGRAMS:
+            _, old = self.programs.popitem(last=False)
+            old.destroy()
+        return prog
+
+    def _execute(self, graph: Graph, step: Step, observer: OpObserver | None, greedy: bool) -> Recorded:
+        self.check_tokens(step)
+        cache = self._cache_of(step)
+        prog = self._program(graph, cache, greedy)
+        timed = observer is not None and self.timestamps
+        t0 = time.perf_counter()
+        prog.run(step.tokens, step.positions, step.logit_rows, timed=timed)
+        wall = time.perf_counter() - t0
+        if observer is not None:
+            self._report(graph, step, prog, observer, t0, wall, timed)
+        cache.length = int(step.positions[-1]) + 1
+        if self.dev.validation:
+            self.dev.check_validation()
+        return prog
+
+    def _report(self, graph, step, prog, observer, t0, wall, timed) -> None:
+        """One observer row per graph op: device time from timestamps (summed over the op's dispatches)."""
+        per_op: dict[str, float] = {}
+        if timed:
+            for d, s in zip(prog.dispatches, prog.dispatch_times()):
+                per_op[d.op] = per_op.get(d.op, 0.0) + float(s)
+        ops = graph.ops
+        share = wall / max(len(ops), 1)
+        start = t0
+        for op in ops:
+            dev_s = per_op.get(op.name) if timed else None
+            observer.on_op(op, step, start, dev_s if dev_s is not None else share, dev_s)
+            start += dev_s if dev_s is not None else share
+
+    def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
+        prog = self._execute(graph, step, observer, greedy=False)
+        return prog.logits(graph.n_logits)
+
+    def run_greedy(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> int:
+        if graph.n_logits != 1:
+            return super().run_greedy(graph, step, observer)
+        return self._execute(graph, step, observer, greedy=True).token()
+
+    def close(self) -> None:
+        for p in self.programs.values():
+            p.destroy()
+        self.programs.clear()
+        for w in self._weights.values():
+            for part in w.parts:
+                part.buffer.destroy()
+        self._weights.clear()
+        for b in (self.smalls, getattr(self, "params", None), getattr(self, "dummy", None)):
+            if b is not None:
+                b.destroy()
+        if self.kv_pool is not None:
+            self.kv_pool.destroy()
+        if self.transfers is not None:
+            self.transfers.destroy()
+        if self.pipes is not None:
+            self.pipes.destroy()
+        self.dev.close()

@@ -1,0 +1,337 @@
+"""Vulkan devices: the loader, device enumeration and selection, feature detection, the logical device.
+
+``list_devices()`` describes every physical device without creating one; ``VulkanDevice`` opens one
+(by index or name substring), enables the features our shaders use, and optionally the Khronos validation
+layer with a messenger that collects every validation message (tests fail on any error).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..base import BackendUnavailableError
+
+INSTALL_HINT = (
+    "install the Vulkan loader and a driver: apt-get install libvulkan1 mesa-vulkan-drivers "
+    "(plus your GPU vendor's driver), and pip install vulkan"
+)
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+DEVICE_TYPES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
+SUBGROUP_OPS = ("basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad")
+
+
+class DeviceLostError(RuntimeError):
+    """The Vulkan device was lost (driver reset, GPU hang); create a new backend to continue."""
+
+
+class DeviceOutOfMemoryError(MemoryError):
+    """A device allocation failed; the message says how much was asked and what the device has."""
+
+
+def load_vulkan():
+    """The ``vulkan`` module, or :class:`BackendUnavailableError` naming what to install."""
+    try:
+        import vulkan as vk
+    except ImportError as e:  # the Python binding is missing
+        raise BackendUnavailableError(f"Python package 'vulkan' is missing ({e}); {INSTALL_HINT}") from None
+    except OSError as e:  # the binding loads libvulkan.so.1 at import
+        raise BackendUnavailableError(f"Vulkan loader not found ({e}); {INSTALL_HINT}") from None
+    return vk
+
+
+@dataclass(frozen=True)
+class DeviceFeatures:
+    """What a physical device offers that the backend cares about."""
+
+    index: int
+    name: str
+    type: str
+    vendor_id: int
+    api_version: str
+    driver_version: int
+    subgroup_size: int
+    subgroup_ops: tuple[str, ...]
+    subgroup_size_control: bool
+    min_subgroup_size: int
+    max_subgroup_size: int
+    fp16: bool
+    int8: bool
+    int64: bool
+    storage_8bit: bool
+    storage_16bit: bool
+    timestamps: bool
+    timestamp_period_ns: float
+    cooperative_matrix: bool
+    max_storage_buffer_range: int
+    max_shared_memory: int
+    max_invocations: int
+    max_workgroup_size: tuple[int, int, int]
+    max_workgroup_count: tuple[int, int, int]
+    max_push_constants: int
+    device_local_bytes: int
+    extensions: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.type == "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extensions")
+        return d
+
+
+def _version(v: int) -> str:
+    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+def _features(vk, pd, index: int) -> DeviceFeatures:
+    f13 = vk.VkPhysicalDeviceVulkan13Features()
+    f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f13)
+    f11 = vk.VkPhysicalDeviceVulkan11Features(pNext=f12)
+    feats = vk.VkPhysicalDeviceFeatures2(pNext=f11)
+    vk.vkGetPhysicalDeviceFeatures2(pd, feats)
+    sg_ctl = vk.VkPhysicalDeviceSubgroupSizeControlProperties()
+    sg = vk.VkPhysicalDeviceSubgroupProperties(pNext=sg_ctl)
+    props2 = vk.VkPhysicalDeviceProperties2(pNext=sg)
+    vk.vkGetPhysicalDeviceProperties2(pd, props2)
+    p, lim = props2.properties, props2.properties.limits
+    exts = tuple(sorted(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)))
+    queues = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
+    q = _compute_queue(vk, queues)
+    mem = vk.vkGetPhysicalDeviceMemoryProperties(pd)
+    local = [
+        mem.memoryHeaps[i].size
+        for i in range(mem.memoryHeapCount)
+        if mem.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT
+    ]
+    ops = tuple(n for i, n in enumerate(SUBGROUP_OPS) if sg.supportedOperations & (1 << i))
+    return DeviceFeatures(
+        index=index,
+        name=vk.ffi.string(p.deviceName).decode() if not isinstance(p.deviceName, str) else p.deviceName,
+        type=DEVICE_TYPES.get(p.deviceType, "other"),
+        vendor_id=p.vendorID,
+        api_version=_version(p.apiVersion),
+        driver_version=p.driverVersion,
+        subgroup_size=sg.subgroupSize,
+        subgroup_ops=ops,
+        subgroup_size_control=bool(f13.subgroupSizeControl),
+        min_subgroup_size=sg_ctl.minSubgroupSize or sg.subgroupSize,
+        max_subgroup_size=sg_ctl.maxSubgroupSize or sg.subgroupSize,
+        fp16=bool(f12.shaderFloat16),
+        int8=bool(f12.shaderInt8),
+        int64=bool(feats.features.shaderInt64),
+        storage_8bit=bool(f12.storageBuffer8BitAccess),
+        storage_16bit=bool(f11.storageBuffer16BitAccess),
+        timestamps=q is not None and queues[q].timestampValidBits > 0,
+        timestamp_period_ns=float(lim.timestampPeriod),
+        cooperative_matrix="VK_KHR_cooperative_matrix" in exts,
+        max_storage_buffer_range=int(lim.maxStorageBufferRange),
+        max_shared_memory=int(lim.maxComputeSharedMemorySize),
+        max_invocations=int(lim.maxComputeWorkGroupInvocations),
+        max_workgroup_size=tuple(int(x) for x in lim.maxComputeWorkGroupSize),
+        max_workgroup_count=tuple(int(x) for x in lim.maxComputeWorkGroupCount),
+        max_push_constants=int(lim.maxPushConstantsSize),
+        device_local_bytes=int(max(local, default=0)),
+        extensions=exts,
+    )
+
+
+def _compute_queue(vk, queues) -> int | None:
+    for i, q in enumerate(queues):
+        if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT:
+            return i
+    return None
+
+
+def _instance(vk, validation: bool):
+    app = vk.VkApplicationInfo(
+        pApplicationName="workbench", pEngineName="workbench", apiVersion=vk.VK_MAKE_VERSION(1, 2, 0)
+    )
+    layers, exts = [], []
+    if validation:
+        have = {lay.layerName for lay in vk.vkEnumerateInstanceLayerProperties()}
+        if VALIDATION_LAYER not in have:
+            raise BackendUnavailableError(
+                f"Vulkan validation requested but {VALIDATION_LAYER} is not installed "
+                "(apt-get install vulkan-validationlayers)"
+            )
+        layers, exts = [VALIDATION_LAYER], ["VK_EXT_debug_utils"]
+    info = vk.VkInstanceCreateInfo(
+        pApplicationInfo=app,
+        enabledLayerCount=len(layers),
+        ppEnabledLayerNames=layers or None,
+        enabledExtensionCount=len(exts),
+        ppEnabledExtensionNames=exts or None,
+    )
+    try:
+        return vk.vkCreateInstance(info, None)
+    except vk.VkError as e:
+        raise BackendUnavailableError(
+            f"cannot create a Vulkan instance ({type(e).__name__}); {INSTALL_HINT}"
+        ) from None
+
+
+def list_devices() -> list[DeviceFeatures]:
+    """Every Vulkan physical device with its features (no logical device is created)."""
+    vk = load_vulkan()
+    inst = _instance(vk, validation=False)
+    try:
+        return [_features(vk, pd, i) for i, pd in enumerate(vk.vkEnumeratePhysicalDevices(inst))]
+    finally:
+        vk.vkDestroyInstance(inst, None)
+
+
+def select_device(devices: list[DeviceFeatures], selector: str | int | None) -> DeviceFeatures:
+    """The device named by ``selector``: an index, a case-insensitive name substring, or None/``auto``
+    (the first discrete GPU, then integrated, then any other; CPU drivers such as lavapipe last)."""
+    if not devices:
+        raise BackendUnavailableError(f"no Vulkan device found; {INSTALL_HINT}")
+    if selector is None or selector == "auto" or selector == "":
+        rank = {"discrete-gpu": 0, "integrated-gpu": 1, "virtual-gpu": 2, "other": 3, "cpu": 4}
+        return min(devices, key=lambda d: (rank[d.type], d.index))
+    text = str(selector)
+    if text.isdigit():
+        i = int(text)
+        if i >= len(devices):
+            raise ValueError(f"Vulkan device index {i} out of range (devices: {_names(devices)})")
+        return devices[i]
+    hits = [d for d in devices if text.lower() in d.name.lower()]
+    if not hits:
+        raise ValueError(f"no Vulkan device matches {text!r} (devices: {_names(devices)})")
+    return hits[0]
+
+
+def _names(devices: list[DeviceFeatures]) -> str:
+    return ", ".join(f"{d.index}: {d.name}" for d in devices)
+
+
+class VulkanDevice:
+    """An open logical device with one compute queue, a command pool and (optionally) validation.
+
+    ``validation_messages`` collects (severity, text) of every validation message; ``check_validation()``
+    raises if any was an error.
+    """
+
+    def __init__(self, selector: str | int | None = None, validation: bool | None = None):
+        vk = self.vk = load_vulkan()
+        if validation is None:
+            validation = os.environ.get("WORKBENCH_VK_VALIDATION", "") not in ("", "0")
+        self.validation = validation
+        self.validation_messages: list[tuple[str, str]] = []
+        self.instance = _instance(vk, validation)
+        self._messenger = None
+        if validation:
+            self._install_messenger()
+        physical = vk.vkEnumeratePhysicalDevices(self.instance)
+        feats = [_features(vk, pd, i) for i, pd in enumerate(physical)]
+        self.features = select_device(feats, selector)
+        self.physical = physical[self.features.index]
+        queues = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        self.queue_family = _compute_queue(vk, queues)
+        if self.queue_family is None:
+            raise BackendUnavailableError(f"Vulkan device {self.features.name} has no compute queue")
+        self._create_device()
+        self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self.command_pool = vk.vkCreateCommandPool(
+            self.device,
+            vk.VkCommandPoolCreateInfo(
+                queueFamilyIndex=self.queue_family,
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            ),
+            None,
+        )
+        self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        self.lost = False
+
+    def _install_messenger(self) -> None:
+        vk = self.vk
+
+        def callback(severity, types, data, user):
+            text = vk.ffi.string(data.pMessage).decode(errors="replace")
+            level = "error" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT else "warning"
+            self.validation_messages.append((level, text))
+            return 0
+
+        self._callback = callback
+        create = vk.vkGetInstanceProcAddr(self.instance, "vkCreateDebugUtilsMessengerEXT")
+        info = vk.VkDebugUtilsMessengerCreateInfoEXT(
+            messageSeverity=vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT
+            | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+            messageType=vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
+            | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT,
+            pfnUserCallback=callback,
+        )
+        self._messenger = create(self.instance, info, None)
+
+    def _create_device(self) -> None:
+        vk, f = self.vk, self.features
+        f12 = vk.VkPhysicalDeviceVulkan12Features(
+            shaderFloat16=vk.VK_TRUE if f.fp16 else vk.VK_FALSE,
+            shaderInt8=vk.VK_TRUE if f.int8 else vk.VK_FALSE,
+            storageBuffer8BitAccess=vk.VK_TRUE if f.storage_8bit else vk.VK_FALSE,
+        )
+        f11 = vk.VkPhysicalDeviceVulkan11Features(
+            pNext=f12, storageBuffer16BitAccess=vk.VK_TRUE if f.storage_16bit else vk.VK_FALSE
+        )
+        self._feature_chain = (f11, f12)  # keep the pNext chain alive
+        queue_info = vk.VkDeviceQueueCreateInfo(
+            queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0]
+        )
+        info = vk.VkDeviceCreateInfo(pNext=f11, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info])
+        try:
+            self.device = vk.vkCreateDevice(self.physical, info, None)
+        except vk.VkError as e:
+            raise BackendUnavailableError(f"cannot open Vulkan device {f.name}: {type(e).__name__}") from None
+        self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+
+    # -- submission ------------------------------------------------------------------------------
+    def submit_and_wait(self, command_buffers: list, timeout_s: float = 60.0) -> None:
+        """Submit command buffers to the compute queue and wait for them; device loss is a clear error."""
+        vk = self.vk
+        if self.lost:
+            raise DeviceLostError("the Vulkan device was lost earlier; create a new backend")
+        try:
+            vk.vkQueueSubmit(
+                self.queue,
+                1,
+                [vk.VkSubmitInfo(commandBufferCount=len(command_buffers), pCommandBuffers=command_buffers)],
+                self.fence,
+            )
+            vk.vkWaitForFences(self.device, 1, [self.fence], vk.VK_TRUE, int(timeout_s * 1e9))
+            vk.vkResetFences(self.device, 1, [self.fence])
+        except vk.VkErrorDeviceLost:
+            self.lost = True
+            raise DeviceLostError(
+                f"Vulkan device {self.features.name} was lost while running a step; "
+                "create a new backend (the process can continue)"
+            ) from None
+        except vk.VkTimeout:
+            self.lost = True
+            raise DeviceLostError(
+                f"a step on {self.features.name} did not finish in {timeout_s:.0f} s"
+            ) from None
+
+    def check_validation(self) -> None:
+        errors = [m for level, m in self.validation_messages if level == "error"]
+        if errors:
+            raise RuntimeError(f"{len(errors)} Vulkan validation error(s); first: {errors[0]}")
+
+    def close(self) -> None:
+        vk = self.vk
+        if getattr(self, "device", None) is None:
+            return
+        try:
+            vk.vkDeviceWaitIdle(self.device)
+        except vk.VkError:
+            pass
+        vk.vkDestroyFence(self.device, self.fence, None)
+        vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+        vk.vkDestroyDevice(self.device, None)
+        self.device = None
+        if self._messenger is not None:
+            destroy = vk.vkGetInstanceProcAddr(self.instance, "vkDestroyDebugUtilsMessengerEXT")
+            destroy(self.instance, self._messenger, None)
+        vk.vkDestroyInstance(self.instance, None)

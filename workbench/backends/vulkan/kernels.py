@@ -1,0 +1,285 @@
+"""The kernels: each shader's push constants (mirrored from its GLSL block), its tunables (specialization
+constants) with their defaults and device-limit checks, and the pipelines built from them.
+
+Tunables are ``<kernel>.<name>=<int>`` (``--tune matvec.wg=256,matvec.row_threads=64``); every combination is
+checked against the device (invocations, subgroup size, shared memory) before any pipeline is created.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from .device import DeviceFeatures, VulkanDevice
+from .shaders import compile_shader
+
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_K", "Q6_K")
+PUSH_BYTES = 128
+PARAM_STRIDE_ID = 15
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A shader: its push-constant fields (``name`` or ``name:f`` float or ``name:4`` uvec4) and tunables."""
+
+    shader: str
+    push: tuple[str, ...]
+    tunables: tuple[tuple[str, int], ...]  # (name, constant_id) in spec-constant order; values from Tuning
+
+    def pack(self, values: dict[str, Any]) -> bytes:
+        out = bytearray()
+        for field in self.push:
+            name, _, kind = field.partition(":")
+            v = values[name]
+            if kind == "f":
+                out += struct.pack("<f", float(v))
+            elif kind == "4":
+                out += struct.pack("<4I", *[int(x) for x in v])
+            else:
+                out += struct.pack("<I", int(v))
+        if len(out) > PUSH_BYTES:
+            raise ValueError(f"{self.shader}: push constants of {len(out)} bytes exceed {PUSH_BYTES}")
+        return bytes(out)
+
+
+KERNELS: dict[str, KernelSpec] = {
+    "matvec": KernelSpec(
+        "matvec",
+        ("pl:4", "pl2:4", "K", "N", "T", "row0", "x_off", "x_stride", "y_off", "y_stride", "nw_off", "eps:f"),
+        (("wg", 0), ("row_threads", 1)),
+    ),
+    "matmul": KernelSpec(
+        "matmul",
+        ("pl:4", "K", "N", "T", "row0", "x_off", "x_stride", "y_off", "y_stride"),
+        (("wg", 0), ("wg_m", 1), ("tm", 2), ("tn", 3)),
+    ),
+    "attention": KernelSpec(
+        "attention",
+        (
+            "q_off",
+            "q_stride",
+            "o_off",
+            "o_stride",
+            "n_heads",
+            "n_kv",
+            "hd",
+            "kv_dim",
+            "ring",
+            "window",
+            "v_off",
+            "part_off",
+            "n_split",
+            "split_keys",
+            "scale:f",
+        ),
+        (("wg", 0),),
+    ),  # fmt: skip
+    "attn_combine": KernelSpec(
+        "attn_combine",
+        ("o_off", "o_stride", "part_off", "n_heads", "hd", "n_split", "window", "split_keys"),
+        (("wg", 0),),
+    ),
+    "rmsnorm": KernelSpec(
+        "rmsnorm",
+        (
+            "x_off",
+            "x_stride",
+            "y_off",
+            "y_stride",
+            "r_off",
+            "r_stride",
+            "width",
+            "w_off",
+            "freq_off",
+            "eps:f",
+        ),
+        (("wg", 0),),
+    ),
+    "eltwise": KernelSpec(
+        "eltwise",
+        ("a_off", "a_stride", "b_off", "b_stride", "y_off", "y_stride", "width", "rows", "cap:f"),
+        (("wg", 0),),
+    ),
+    "embed": KernelSpec("embed", ("pl:4", "K", "N", "row0", "y_off", "y_stride", "scale:f"), (("wg", 0),)),
+    "kv_store": KernelSpec(
+        "kv_store",
+        ("k_off", "k_stride", "v_off_act", "v_stride", "kv_dim", "ring", "window", "v_off"),
+        (("wg", 0),),
+    ),
+    "argmax": KernelSpec("argmax", ("x_off", "n", "block", "part_off", "n_parts"), (("wg", 0),)),
+}
+
+# tunables that are not specialization constants but change how the program is built
+PROGRAM_TUNABLES = {"attention.split_keys": 64, "argmax.block": 4096, "matvec.max_tokens": 8}
+
+
+class Tuning:
+    """Resolved tunables for one device: defaults adapted to the device, overridden by ``--tune`` values."""
+
+    def __init__(self, feats: DeviceFeatures, overrides: dict[str, str] | None = None):
+        sg = max(feats.subgroup_size, 1)
+        wide = max(32, sg)
+        self.values: dict[str, int] = {
+            "matvec.wg": max(128, wide),
+            "matvec.row_threads": wide,
+            "matmul.wg": 256,
+            "matmul.wg_m": 16,
+            "matmul.tm": 4,
+            "matmul.tn": 4,
+            "attention.wg": max(64, sg),
+            "attn_combine.wg": max(64, sg),
+            "rmsnorm.wg": max(128, sg),
+            "eltwise.wg": 128,
+            "embed.wg": 64,
+            "kv_store.wg": 128,
+            "argmax.wg": 256,
+            **PROGRAM_TUNABLES,
+        }
+        for key, text in (overrides or {}).items():
+            if key not in self.values:
+                raise ValueError(
+                    f"vulkan backend: unknown tunable {key!r} (known: {', '.join(sorted(self.values))})"
+                )
+            try:
+                self.values[key] = int(text)
+            except ValueError:
+                raise ValueError(f"vulkan backend: tunable {key}={text!r} is not an integer") from None
+        self.validate(feats)
+
+    def __getitem__(self, key: str) -> int:
+        return self.values[key]
+
+    def spec(self, kernel: str) -> list[tuple[int, int]]:
+        return [(cid, self.values[f"{kernel}.{name}"]) for name, cid in KERNELS[kernel].tunables]
+
+    def validate(self, f: DeviceFeatures) -> None:
+        """Reject combinations the device cannot run (before any dispatch)."""
+        v, sg = self.values, f.subgroup_size
+        errors = []
+        for key, val in v.items():
+            if val < 1:
+                errors.append(f"{key}={val} must be positive")
+            if key.endswith(".wg") and (val > f.max_invocations or val > f.max_workgroup_size[0]):
+                errors.append(
+                    f"{key}={val} exceeds the device's {f.max_invocations} invocations per workgroup"
+                )
+            if key.endswith(".wg") and val % sg:
+                errors.append(f"{key}={val} is not a multiple of the subgroup size {sg}")
+        rt = v["matvec.row_threads"]
+        if rt % sg or v["matvec.wg"] % rt:
+            errors.append(
+                f"matvec.row_threads={rt} must be a multiple of the subgroup size {sg} and divide matvec.wg"
+            )
+        if v["matmul.wg"] % v["matmul.wg_m"]:
+            errors.append("matmul.wg_m must divide matmul.wg")
+        for key in ("matmul.tm", "matmul.tn"):
+            if v[key] > 8:
+                errors.append(f"{key}={v[key]} exceeds 8")
+        bm = v["matmul.wg_m"] * v["matmul.tm"]
+        bn = (v["matmul.wg"] // max(v["matmul.wg_m"], 1)) * v["matmul.tn"]
+        shared = 32 * ((bm + 1) + (bn + 1)) * 4
+        if shared > f.max_shared_memory:
+            errors.append(
+                f"matmul tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"
+            )
+        if v["argmax.wg"] & (v["argmax.wg"] - 1):
+            errors.append("argmax.wg must be a power of two")
+        if not 1 <= v["matvec.max_tokens"] <= 8:
+            errors.append("matvec.max_tokens must be 1..8")
+        if errors:
+            raise ValueError("vulkan backend: invalid tunables: " + "; ".join(errors))
+
+
+def all_variants() -> list[tuple[str, tuple[str, ...]]]:
+    """Every (shader, defines) the backend can use (for building the SPIR-V cache ahead of time)."""
+    out = []
+    for fmt in FORMATS:
+        f = f"FMT_{fmt}"
+        out += [("matvec", (f,)), ("matvec", (f, "NORM")), ("matvec", (f, "GELU_PAIR", "NORM")),
+                ("matvec", (f, "GELU_PAIR")), ("matmul", (f,)), ("embed", (f,))]  # fmt: skip
+    out += [("attention", ()), ("attn_combine", ()), ("kv_store", ())]
+    out += [("rmsnorm", ()), ("rmsnorm", ("ADD",)), ("rmsnorm", ("ROPE",)), ("rmsnorm", ("NO_NORM", "ROPE"))]
+    out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
+    out += [("argmax", ("PASS1",)), ("argmax", ())]
+    return out
+
+
+class Pipelines:
+    """One descriptor-set layout (6 storage buffers) and push range shared by every kernel; pipelines cached
+    by (shader, defines, specialization constants)."""
+
+    N_BINDINGS = 6
+
+    def __init__(self, dev: VulkanDevice):
+        vk = dev.vk
+        self.dev = dev
+        bindings = [
+            vk.VkDescriptorSetLayoutBinding(
+                binding=i,
+                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            )
+            for i in range(self.N_BINDINGS)
+        ]
+        self.set_layout = vk.vkCreateDescriptorSetLayout(
+            dev.device,
+            vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(bindings), pBindings=bindings),
+            None,
+        )
+        push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=PUSH_BYTES)
+        self.layout = vk.vkCreatePipelineLayout(
+            dev.device,
+            vk.VkPipelineLayoutCreateInfo(
+                setLayoutCount=1,
+                pSetLayouts=[self.set_layout],
+                pushConstantRangeCount=1,
+                pPushConstantRanges=[push],
+            ),
+            None,
+        )
+        self._modules: dict[tuple, Any] = {}
+        self._pipelines: dict[tuple, Any] = {}
+
+    def get(self, shader: str, defines: tuple[str, ...], spec: list[tuple[int, int]]):
+        vk, dev = self.dev.vk, self.dev
+        key = (shader, tuple(sorted(defines)), tuple(sorted(spec)))
+        pipe = self._pipelines.get(key)
+        if pipe is not None:
+            return pipe
+        mkey = key[:2]
+        module = self._modules.get(mkey)
+        if module is None:
+            code = compile_shader(shader, mkey[1])
+            module = self._modules[mkey] = vk.vkCreateShaderModule(
+                dev.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None
+            )
+        entries = [
+            vk.VkSpecializationMapEntry(constantID=cid, offset=4 * i, size=4)
+            for i, (cid, _) in enumerate(key[2])
+        ]
+        data = vk.ffi.new("uint32_t[]", [v for _, v in key[2]] or [0])
+        spec_info = vk.VkSpecializationInfo(
+            mapEntryCount=len(entries), pMapEntries=entries or None, dataSize=4 * len(entries), pData=data
+        )
+        stage = vk.VkPipelineShaderStageCreateInfo(
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main", pSpecializationInfo=spec_info
+        )
+        info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
+        pipe = vk.vkCreateComputePipelines(dev.device, None, 1, [info], None)[0]
+        self._pipelines[key] = pipe
+        return pipe
+
+    def destroy(self) -> None:
+        vk, d = self.dev.vk, self.dev.device
+        if d is None:
+            return
+        for p in self._pipelines.values():
+            vk.vkDestroyPipeline(d, p, None)
+        for m in self._modules.values():
+            vk.vkDestroyShaderModule(d, m, None)
+        vk.vkDestroyPipelineLayout(d, self.layout, None)
+        vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
+        self._pipelines.clear()
+        self._modules.clear()

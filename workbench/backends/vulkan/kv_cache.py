@@ -1,0 +1,114 @@
+"""The KV cache on the device: one buffer per layer (keys, then values, float32), pooled for reuse.
+
+Global layers hold every position (slot = position); sliding layers a ring of ``window + MAX_RING_STEP +
+slack`` slots (slot = position % ring), enough for a step of up to ``MAX_RING_STEP`` tokens and a rollback of
+``slack`` tokens. Device buffers are taken from a pool keyed by shape and returned when the cache object is
+collected, so programs recorded for a pooled buffer set stay valid across sequences.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+from ...models.config import ModelConfig
+from ...runtime.kv_cache import ContextLimitError
+from .memory import Buffer
+
+MAX_RING_STEP = 512
+
+
+@dataclass
+class LayerSlots:
+    """``slots`` positions of keys and values; ``wraps``: a sliding ring smaller than the context."""
+
+    buffer: Buffer
+    slots: int
+    wraps: bool
+    kv_dim: int
+
+    @property
+    def v_off(self) -> int:
+        """Word offset of the values in the layer's buffer."""
+        return self.slots * self.kv_dim
+
+
+@dataclass
+class DeviceKV:
+    """A set of per-layer device buffers (``id`` identifies it in recorded programs)."""
+
+    id: int
+    key: tuple[int, int]
+    layers: list[LayerSlots]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(la.buffer.size for la in self.layers)
+
+
+class VulkanKVCache:
+    """One sequence's cache: the engine-facing interface of :class:`workbench.runtime.kv_cache.KVCache`."""
+
+    def __init__(self, config: ModelConfig, device_kv: DeviceKV, max_len: int, release):
+        self.config, self.device_kv, self.max_len = config, device_kv, max_len
+        self.length = 0
+        weakref.finalize(self, release, device_kv)
+
+    def check_room(self, n_new: int) -> None:
+        if self.length + n_new > self.max_len:
+            raise ContextLimitError(
+                f"sequence of {self.length + n_new} tokens exceeds the context limit of {self.max_len} tokens"
+            )
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        return self.device_kv.nbytes
+
+
+class KVPool:
+    """Allocates :class:`DeviceKV` buffer sets and keeps released ones for reuse."""
+
+    def __init__(self, dev, config: ModelConfig):
+        self.dev, self.config = dev, config
+        self._free: dict[tuple[int, int], list[DeviceKV]] = {}
+        self._all: list[DeviceKV] = []
+
+    def new_cache(self, max_len: int, slack: int = 0) -> VulkanKVCache:
+        c = self.config
+        if max_len > c.context_length:
+            raise ContextLimitError(
+                f"max_len {max_len} exceeds the model's context length {c.context_length}"
+            )
+        key = (max_len, slack)
+        free = self._free.setdefault(key, [])
+        kv = free.pop() if free else self._allocate(key)
+        return VulkanKVCache(c, kv, max_len, self._release)
+
+    def _allocate(self, key: tuple[int, int]) -> DeviceKV:
+        max_len, slack = key
+        c = self.config
+        layers = []
+        for i in range(c.n_layers):
+            ring = min(max_len, c.sliding_window + MAX_RING_STEP + slack) if c.is_sliding(i) else max_len
+            size = 2 * ring * c.kv_dim * 4
+            layers.append(
+                LayerSlots(Buffer(self.dev, size, name=f"kv cache layer {i}"), ring, ring < max_len, c.kv_dim)
+            )
+        kv = DeviceKV(len(self._all), key, layers)
+        self._all.append(kv)
+        return kv
+
+    def _release(self, kv: DeviceKV) -> None:
+        self._free.setdefault(kv.key, []).append(kv)
+
+    def destroy(self) -> None:
+        for kv in self._all:
+            for la in kv.layers:
+                la.buffer.destroy()
+        self._all.clear()
+        self._free.clear()

@@ -1,0 +1,350 @@
+"""A step graph compiled for the device: a list of dispatches, recorded once into a command buffer and
+replayed step after step with only the step's parameters (tokens, positions, logit rows) rewritten.
+
+Building a program: each op becomes one or more dispatches (``emit``); fused ops whose structure a kernel
+covers (RMSNorm + projections, RMSNorm + gate/up + GELU, QK-norm + RoPE, projection + post-norm + residual)
+get fused kernels, any other fused op runs as its parts. Tensors live in one arena buffer, placed by liveness;
+a barrier is recorded only before a dispatch that touches what an earlier one wrote (or reads what a later
+one overwrites). With timestamps on, every dispatch is bracketed by a timestamp query (device time per op).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...ops.graph import Graph, Op
+from ..base import UnsupportedOpError
+from .kernels import KERNELS
+from .memory import Buffer
+
+if TYPE_CHECKING:
+    from .backend import VulkanBackend
+    from .kv_cache import DeviceKV
+
+MAX_STEP_TOKENS = 8192  # = PARAM_STRIDE in shaders/common.glsl
+MAX_GROUPS_X = 65535
+
+
+@dataclass
+class Ref:
+    """A tensor's arena offset (in floats), resolved once the arena is laid out; ``+ extra`` floats."""
+
+    tensor: str
+    extra: int = 0
+
+
+@dataclass
+class Dispatch:
+    op: str
+    kernel: str
+    defines: tuple[str, ...]
+    spec: list[tuple[int, int]]
+    push: dict[str, Any]
+    groups: tuple[int, int, int]
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    weight: Buffer | None = None
+    weight2: Buffer | None = None
+    kv: Buffer | None = None
+    barrier: bool = False
+
+
+def split_groups(n: int) -> tuple[int, int]:
+    """A 2-D grid of at least ``n`` workgroups (x capped at 65535); shaders flatten it with flat_group()."""
+    x = min(n, MAX_GROUPS_X)
+    return x, -(-n // x)
+
+
+@dataclass
+class Builder:
+    """Turns a graph into dispatches for one step shape and one KV cache."""
+
+    backend: VulkanBackend
+    graph: Graph
+    kv: DeviceKV
+    greedy: bool
+    dispatches: list[Dispatch] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)  # tensor -> floats
+    widths: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, spec in self.graph.tensors.items():
+            rows, cols = (1, spec.shape[0]) if len(spec.shape) == 1 else spec.shape
+            self.sizes[name] = int(rows * cols)
+            self.widths[name] = int(cols)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def tmp(self, name: str, rows: int, cols: int) -> str:
+        self.sizes[name] = rows * cols
+        self.widths[name] = cols
+        return name
+
+    def rows(self, t: str) -> int:
+        return self.sizes[t] // self.widths[t]
+
+    def add(
+        self, op: Op, kernel: str, push: dict, groups, reads, writes, defines=(), spec=None, **bufs
+    ) -> None:
+        tun = self.backend.tuning
+        sp = tun.spec(kernel) + list(spec or [])
+        self.dispatches.append(
+            Dispatch(
+                op.name, kernel, tuple(defines), sp, push, tuple(groups), tuple(reads), tuple(writes), **bufs
+            )
+        )
+
+    # -- kernels ---------------------------------------------------------------------------------
+    def projection(self, op: Op, x: str, y: str, wname: str, norm: str | None = None, eps: float = 0.0,
+                   up: str | None = None) -> None:  # fmt: skip
+        """y = x @ W.T (matvec for few rows, GEMM otherwise); ``norm``: RMSNorm weight fused into the matvec;
+        ``up``: second weight of a fused gelu(W x) * (U x)."""
+        b, w = self.backend, self.backend.weight(wname)
+        t = self.rows(x)
+        k = self.widths[x]
+        if w.cols != k:
+            raise UnsupportedOpError(f"op {op.name}: weight {wname} has {w.cols} columns, input has {k}")
+        w2 = b.weight(up) if up else None
+        for i, part in enumerate(w.parts):
+            push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, T=t,
+                        row0=part.row0, x_off=Ref(x), x_stride=k, y_off=Ref(y), y_stride=self.widths[y],
+                        nw_off=b.small_offset(norm) if norm else 0, eps=eps)  # fmt: skip
+            defines = [f"FMT_{w.fmt}"] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
+            rows_per_wg = b.tuning["matvec.wg"] // b.tuning["matvec.row_threads"]
+            gx, gy = split_groups(-(-part.rows // rows_per_wg))
+            self.add(op, "matvec", push, (gx, gy, 1), [x], [y], defines, [(2, t)],
+                     weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
+
+    def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
+        b, w = self.backend, self.backend.weight(wname)
+        t, k = self.rows(x), self.widths[x]
+        if k % 32:
+            raise UnsupportedOpError(f"op {op.name}: the GEMM kernel needs K % 32 == 0 (K = {k})")
+        tun = b.tuning
+        bm = tun["matmul.wg_m"] * tun["matmul.tm"]
+        bn = tun["matmul.wg"] // tun["matmul.wg_m"] * tun["matmul.tn"]
+        for part in w.parts:
+            push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(x), x_stride=k,
+                        y_off=Ref(y), y_stride=self.widths[y])  # fmt: skip
+            groups = (-(-part.rows // bn), -(-t // bm), 1)
+            self.add(op, "matmul", push, groups, [x], [y], [f"FMT_{w.fmt}"], weight=part.buffer)
+
+    def matmul(self, op: Op, x: str, y: str, wname: str) -> None:
+        if self.rows(x) <= self.backend.tuning["matvec.max_tokens"]:
+            self.projection(op, x, y, wname)
+        else:
+            self.gemm(op, x, y, wname)
+
+    def rmsnorm(self, op: Op, x: str, y: str, wname: str | None, eps: float, group: int | None = None,
+                residual: str | None = None, rope: Op | None = None) -> None:  # fmt: skip
+        b = self.backend
+        width = group or self.widths[x]
+        per_row = self.widths[x] // width
+        defines = []
+        if residual:
+            defines.append("ADD")
+        if rope is not None:
+            defines.append("ROPE")
+            if wname is None:
+                defines.append("NO_NORM")
+        push = dict(x_off=Ref(x), x_stride=self.widths[x], y_off=Ref(y), y_stride=self.widths[y],
+                    r_off=Ref(residual) if residual else 0, r_stride=self.widths[x], width=width,
+                    w_off=b.small_offset(wname) if wname else 0,
+                    freq_off=b.rope_offset(rope) if rope is not None else 0, eps=eps)  # fmt: skip
+        reads = [x] + ([residual] if residual else [])
+        self.add(op, "rmsnorm", push, (per_row, self.rows(x), 1), reads, [y], defines)
+
+    def eltwise(self, op: Op, opname: str, a: str, y: str, b_: str | None = None, cap: float = 0.0) -> None:
+        rows = self.rows(y)
+        width = self.widths[y]
+        push = dict(a_off=Ref(a), a_stride=self.widths[a], b_off=Ref(b_) if b_ else 0,
+                    b_stride=self.widths[b_] if b_ else 0, y_off=Ref(y), y_stride=width, width=width, rows=rows,
+                    cap=cap)  # fmt: skip
+        wg = self.backend.tuning["eltwise.wg"]
+        reads = [a] + ([b_] if b_ else []) + (["params"] if opname == "GATHER" else [])
+        self.add(op, "eltwise", push, (-(-width // wg), rows, 1), reads, [y], [f"OP_{opname}"])
+
+    def embed(self, op: Op) -> None:
+        b, w = self.backend, self.backend.weight(op.weights[0])
+        y = op.outputs[0]
+        t = self.rows(y)
+        for part in w.parts:
+            push = dict(pl=part.planes, K=w.cols, N=part.rows, row0=part.row0, y_off=Ref(y), y_stride=w.cols,
+                        scale=op.attrs["scale"])  # fmt: skip
+            wg = b.tuning["embed.wg"]
+            self.add(op, "embed", push, (-(-(w.cols // 8) // wg), t, 1), ["params"], [y], [f"FMT_{w.fmt}"],
+                     weight=part.buffer)  # fmt: skip
+
+    def attention(self, op: Op) -> None:
+        b, a = self.backend, op.attrs
+        q, k, v = op.inputs[:3]
+        out = op.outputs[0]
+        t = self.rows(q)
+        layer = self.kv.layers[op.layer]
+        window = int(a.get("window", 0))
+        if window and layer.wraps and t > layer.slots - window + 1:
+            raise UnsupportedOpError(
+                f"op {op.name}: a step of {t} tokens does not fit the sliding ring of {layer.slots} slots; "
+                f"use steps of at most {layer.slots - window + 1} tokens"
+            )
+        kvres = f"kv:{op.layer}"
+        kvd = layer.kv_dim
+        self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
+                 v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off),
+                 (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k, v, "params"], [kvres], kv=layer.buffer)  # fmt: skip
+        nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
+        if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"]:
+            raise UnsupportedOpError(f"op {op.name}: heads {nh}/{nkv} x {hd} not supported by attention.comp")
+        max_keys = min(window or layer.slots, layer.slots)
+        sk = b.tuning["attention.split_keys"]
+        n_split = -(-max_keys // sk) if t <= b.tuning["matvec.max_tokens"] else 1
+        part = (
+            self.tmp(f"{op.name}:partials", 1, t * max(n_split, 1) * nh * (hd + 2)) if n_split > 1 else None
+        )
+        target = part if part else out
+        push = dict(q_off=Ref(q), q_stride=self.widths[q], o_off=Ref(out), o_stride=self.widths[out], n_heads=nh,
+                    n_kv=nkv, hd=hd, kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
+                    part_off=Ref(part) if part else 0, n_split=n_split, split_keys=sk if n_split > 1 else max_keys,
+                    scale=a["scale"])  # fmt: skip
+        self.add(op, "attention", push, (n_split, nkv, t), [q, kvres, "params"], [target],
+                 spec=[(1, nh // nkv), (2, hd)], kv=layer.buffer)  # fmt: skip
+        if part:
+            push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
+                        n_split=n_split, window=window, split_keys=sk)  # fmt: skip
+            self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out])
+
+    def argmax(self, logits: str) -> None:
+        op = Op("argmax", "argmax", (logits,), ())
+        n = self.widths[logits]
+        block = self.backend.tuning["argmax.block"]
+        n_parts = -(-n // block)
+        parts = self.tmp("argmax:partials", 1, 2 * n_parts)
+        push = dict(x_off=Ref(logits), n=n, block=block, part_off=Ref(parts), n_parts=n_parts)
+        self.add(op, "argmax", push, (n_parts, 1, 1), [logits], [parts], ["PASS1"])
+        self.add(op, "argmax", push, (1, 1, 1), [parts], ["params"])
+
+    # -- ops -------------------------------------------------------------------------------------
+    def emit(self, op: Op) -> None:
+        k = op.kind
+        small = lambda x: self.rows(x) <= self.backend.tuning["matvec.max_tokens"]  # noqa: E731
+        if k == "embed":
+            self.embed(op)
+        elif k == "rmsnorm":
+            self.rmsnorm(op, op.inputs[0], op.outputs[0], op.weights[0], op.attrs["eps"], op.attr("group"))
+        elif k == "matmul":
+            self.matmul(op, op.inputs[0], op.outputs[0], op.weights[0])
+        elif k == "rope":
+            self.rmsnorm(op, op.inputs[0], op.outputs[0], None, 0.0, op.attrs["head_dim"], rope=op)
+        elif k == "attention":
+            self.attention(op)
+        elif k == "gelu_mul":
+            self.eltwise(op, "GELU_MUL", op.inputs[0], op.outputs[0], op.inputs[1])
+        elif k == "add":
+            self.eltwise(op, "ADD", op.inputs[0], op.outputs[0], op.inputs[1])
+        elif k == "softcap":
+            self.eltwise(op, "SOFTCAP", op.inputs[0], op.outputs[0], cap=op.attrs["cap"])
+        elif k == "gather_rows":
+            self.eltwise(op, "GATHER", op.inputs[0], op.outputs[0])
+        elif k == "rmsnorm_matmul" and small(op.inputs[0]):
+            norm, *mms = op.attrs["parts"]
+            for mm in mms:
+                self.projection(
+                    op, norm.inputs[0], mm.outputs[0], mm.weights[0], norm.weights[0], norm.attrs["eps"]
+                )
+        elif k == "rmsnorm_matmul_gelu" and small(op.inputs[0]) and self._same_format(op):
+            norm, gate, up, _ = op.attrs["parts"]
+            self.projection(op, norm.inputs[0], op.outputs[0], gate.weights[0], norm.weights[0],
+                            norm.attrs["eps"], up=up.weights[0])  # fmt: skip
+        elif k == "rmsnorm_rope":
+            norm, rope = op.attrs["parts"]
+            self.rmsnorm(op, norm.inputs[0], op.outputs[0], norm.weights[0], norm.attrs["eps"], norm.attr("group"),
+                         rope=rope)  # fmt: skip
+        elif k == "matmul_rmsnorm_add":
+            mm, norm, add = op.attrs["parts"]
+            tmp = mm.outputs[0]
+            self.matmul(op, mm.inputs[0], tmp, mm.weights[0])
+            residual = next(t for t in add.inputs if t != norm.outputs[0])
+            self.rmsnorm(op, tmp, op.outputs[0], norm.weights[0], norm.attrs["eps"], residual=residual)
+        elif "parts" in op.attrs:
+            for part in op.attrs["parts"]:
+                self.emit(part)
+        else:
+            raise UnsupportedOpError(f"vulkan backend: op {op.name!r} has unsupported kind {op.kind!r}")
+
+    def _same_format(self, op: Op) -> bool:
+        _, gate, up, _ = op.attrs["parts"]
+        a, b = self.backend.weight(gate.weights[0]), self.backend.weight(up.weights[0])
+        return a.fmt == b.fmt and len(a.parts) == len(b.parts) == 1
+
+    def build(self) -> tuple[list[Dispatch], dict[str, int], int]:
+        for op in self.graph.ops:
+            self.emit(op)
+        logits = self.graph.outputs[0]
+        if self.greedy:
+            self.argmax(logits)
+        offsets, total = self.layout(keep={logits})
+        self.place_barriers()
+        for d in self.dispatches:
+            for key, val in d.push.items():
+                if isinstance(val, Ref):
+                    d.push[key] = offsets[val.tensor] + val.extra
+        return self.dispatches, offsets, total
+
+    def layout(self, keep: set[str]) -> tuple[dict[str, int], int]:
+        """Arena offsets (floats, 16-byte aligned) by liveness: a tensor's space is reused after its last read."""
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for i, d in enumerate(self.dispatches):
+            for t in (*d.reads, *d.writes):
+                if t in self.sizes:
+                    first.setdefault(t, i)
+                    last[t] = i
+        for t in keep:
+            last[t] = len(self.dispatches)
+        free: list[tuple[int, int]] = []  # (offset, size)
+        live: list[tuple[int, str]] = []
+        offsets: dict[str, int] = {}
+        top = 0
+        order = sorted(first, key=lambda t: first[t])
+        for t in order:
+            start = first[t]
+            for end, name in [x for x in live if x[0] < start]:
+                free.append((offsets[name], _aligned(self.sizes[name])))
+                live.remove((end, name))
+            need = _aligned(self.sizes[t])
+            fit = [f for f in free if f[1] >= need]
+            if fit:
+                off, size = min(fit, key=lambda f: f[1])
+                free.remove((off, size))
+                if size > need:
+                    free.append((off + need, size - need))
+            else:
+                off, top = top, top + need
+            offsets[t] = off
+            live.append((last[t], t))
+        return offsets, top
+
+    def place_barriers(self) -> None:
+        written: set[str] = set()
+        read: set[str] = set()
+        for d in self.dispatches:
+            touch = set(d.reads) | set(d.writes)
+            if touch & written or set(d.writes) & read:
+                d.barrier = True
+                written, read = set(), set()
+            written |= set(d.writes)
+            read |= set(d.reads)
+
+
+def _aligned(n: int) -> int:
+    return (n + 3) // 4 * 4
+
+
+def pack_push(d: Dispatch) -> bytes:
+    return KERNELS[d.kernel].pack(d.push)
+
+
+def as_words(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.uint32)

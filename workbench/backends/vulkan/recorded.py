@@ -1,0 +1,203 @@
+"""A program recorded into command buffers: descriptor sets, the arena, the logits readback, timestamps.
+
+``run(tokens, positions, rows)`` writes the step's parameters into the host-visible params buffer, submits
+the recorded command buffer (one submit, one fence wait) and returns nothing; the caller reads the logits
+(``logits()``) or the device-sampled token (params word 3). ``timed=True`` submits the variant that brackets
+every dispatch with timestamps, and ``op_times()`` gives device seconds per op.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from .device import VulkanDevice
+from .kernels import Pipelines
+from .memory import Buffer
+from .program import Dispatch, pack_push
+
+
+class Recorded:
+    def __init__(self, dev: VulkanDevice, pipes: Pipelines, dispatches: list[Dispatch], arena_floats: int,
+                 params: Buffer, smalls: Buffer, dummy: Buffer, logits: tuple[int, int] | None,
+                 timestamps: bool):  # fmt: skip
+        vk = dev.vk
+        self.dev, self.dispatches, self.params = dev, dispatches, params
+        self.arena = Buffer(dev, arena_floats * 4, name="activation arena")
+        self.readback = Buffer(dev, logits[1] * 4, host=True, name="logits readback") if logits else None
+        self.logits_region = logits
+        self._sets: dict[tuple, object] = {}
+        combos = OrderedDict()
+        for d in dispatches:
+            combos[(id(d.weight), id(d.weight2), id(d.kv))] = (d.weight, d.weight2, d.kv)
+        self.pool = vk.vkCreateDescriptorPool(
+            dev.device,
+            vk.VkDescriptorPoolCreateInfo(
+                maxSets=len(combos),
+                poolSizeCount=1,
+                pPoolSizes=[
+                    vk.VkDescriptorPoolSize(
+                        type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                        descriptorCount=Pipelines.N_BINDINGS * len(combos),
+                    )
+                ],
+            ),
+            None,
+        )
+        sets = vk.vkAllocateDescriptorSets(
+            dev.device,
+            vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=self.pool,
+                descriptorSetCount=len(combos),
+                pSetLayouts=[pipes.set_layout] * len(combos),
+            ),
+        )
+        writes = []
+        for ds, (key, (w, w2, kv)) in zip(sets, combos.items()):
+            self._sets[key] = ds
+            bufs = [w or dummy, self.arena, params, smalls, kv or dummy, w2 or dummy]
+            for i, b in enumerate(bufs):
+                writes.append(
+                    vk.VkWriteDescriptorSet(
+                        dstSet=ds,
+                        dstBinding=i,
+                        descriptorCount=1,
+                        descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                        pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.size)],
+                    )
+                )
+        vk.vkUpdateDescriptorSets(dev.device, len(writes), writes, 0, None)
+        self.pipes = pipes
+        n = len(dispatches) + 1
+        self.query_pool = None
+        if timestamps:
+            self.query_pool = vk.vkCreateQueryPool(
+                dev.device, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=n), None
+            )
+        cbs = vk.vkAllocateCommandBuffers(
+            dev.device,
+            vk.VkCommandBufferAllocateInfo(
+                commandPool=dev.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=2
+            ),
+        )
+        self.cmd = cbs[0]
+        self._record(self.cmd, timed=False)
+        self.cmd_timed = None
+        if timestamps:
+            self.cmd_timed = cbs[1]
+            self._record(self.cmd_timed, timed=True)
+        self._spare = cbs[1] if not timestamps else None
+
+    def _record(self, cb, timed: bool) -> None:
+        vk = self.dev.vk
+        vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())
+        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        barrier = vk.VkMemoryBarrier(
+            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+            dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+        )
+        host_write = vk.VkMemoryBarrier(
+            srcAccessMask=vk.VK_ACCESS_HOST_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
+        )
+        vk.vkCmdPipelineBarrier(
+            cb, vk.VK_PIPELINE_STAGE_HOST_BIT, compute, 0, 1, [host_write], 0, None, 0, None
+        )
+        if timed:
+            vk.vkCmdResetQueryPool(cb, self.query_pool, 0, len(self.dispatches) + 1)
+            vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 0)
+        bound_pipe = bound_set = None
+        for i, d in enumerate(self.dispatches):
+            if d.barrier or timed:
+                vk.vkCmdPipelineBarrier(cb, compute, compute, 0, 1, [barrier], 0, None, 0, None)
+            pipe = self.pipes.get(d.kernel, d.defines, d.spec)
+            if pipe is not bound_pipe:
+                vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe)
+                bound_pipe = pipe
+            ds = self._sets[(id(d.weight), id(d.weight2), id(d.kv))]
+            if ds is not bound_set:
+                vk.vkCmdBindDescriptorSets(
+                    cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipes.layout, 0, 1, [ds], 0, None
+                )
+                bound_set = ds
+            data = pack_push(d)
+            vk.vkCmdPushConstants(
+                cb, self.pipes.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(data), vk.ffi.from_buffer(data)
+            )
+            vk.vkCmdDispatch(cb, *d.groups)
+            if timed:
+                vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, i + 1)
+        if self.readback is not None:
+            to_copy = vk.VkMemoryBarrier(
+                srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT
+            )
+            vk.vkCmdPipelineBarrier(
+                cb, compute, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, [to_copy], 0, None, 0, None
+            )
+            off, n = self.logits_region
+            vk.vkCmdCopyBuffer(
+                cb,
+                self.arena.handle,
+                self.readback.handle,
+                1,
+                [vk.VkBufferCopy(srcOffset=off * 4, dstOffset=0, size=n * 4)],
+            )
+        to_host = vk.VkMemoryBarrier(
+            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT,
+        )
+        vk.vkCmdPipelineBarrier(
+            cb,
+            compute | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+            vk.VK_PIPELINE_STAGE_HOST_BIT,
+            0,
+            1,
+            [to_host],
+            0,
+            None,
+            0,
+            None,
+        )
+        vk.vkEndCommandBuffer(cb)
+
+    def run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, timed: bool = False) -> None:
+        from .program import MAX_STEP_TOKENS
+
+        p = self.params.view(np.uint32)
+        t, r = len(tokens), len(rows)
+        p[0], p[1] = t, r
+        p[4 : 4 + t] = tokens
+        p[4 + MAX_STEP_TOKENS : 4 + MAX_STEP_TOKENS + t] = positions
+        p[4 + 2 * MAX_STEP_TOKENS : 4 + 2 * MAX_STEP_TOKENS + r] = rows
+        self.dev.submit_and_wait([self.cmd_timed if timed else self.cmd])
+
+    def logits(self, rows: int) -> np.ndarray:
+        return self.readback.view(np.float32).reshape(rows, -1).copy()
+
+    def token(self) -> int:
+        return int(self.params.view(np.uint32)[3])
+
+    def dispatch_times(self) -> np.ndarray:
+        """Device seconds of each dispatch of the last timed run."""
+        vk = self.dev.vk
+        n = len(self.dispatches) + 1
+        data = vk.ffi.new("uint64_t[]", n)
+        vk.vkGetQueryPoolResults(
+            self.dev.device, self.query_pool, 0, n, n * 8, data, 8,
+            vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
+        )  # fmt: skip
+        ticks = np.frombuffer(vk.ffi.buffer(data, n * 8), dtype=np.uint64).astype(np.float64)
+        return np.diff(ticks) * self.dev.features.timestamp_period_ns * 1e-9
+
+    def destroy(self) -> None:
+        vk, d = self.dev.vk, self.dev.device
+        if d is None:
+            return
+        cbs = [c for c in (self.cmd, self.cmd_timed, self._spare) if c is not None]
+        vk.vkFreeCommandBuffers(d, self.dev.command_pool, len(cbs), cbs)
+        if self.query_pool is not None:
+            vk.vkDestroyQueryPool(d, self.query_pool, None)
+        vk.vkDestroyDescriptorPool(d, self.pool, None)
+        self.arena.destroy()
+        if self.readback is not None:
+            self.readback.destroy()

@@ -1,0 +1,99 @@
+"""Weights on the device in a planar layout of their native blocks (no dequantization on the host).
+
+Each GGUF block field (scales, high bits, quantized values) is gathered into its own contiguous plane, so a
+row's quantized values are contiguous and 32-bit aligned for the shaders (``shaders/quant.glsl``); the bits
+are those of the file. A tensor larger than the device's ``maxStorageBufferRange`` is split by rows into parts,
+each its own buffer; kernels run once per part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...models.weights import QTensor
+from ...quant.formats import FORMATS as BLOCK_FORMATS
+from ...quant.formats import GGMLType
+from ..base import UnsupportedOpError
+from .memory import Buffer, Transfers
+
+# byte ranges of each block's fields, in plane order (plane 0 = quantized values)
+PLANES: dict[GGMLType, tuple[tuple[int, int], ...]] = {
+    GGMLType.Q8_0: ((2, 34), (0, 2)),
+    GGMLType.Q5_0: ((6, 22), (2, 6), (0, 2)),
+    GGMLType.Q4_K: ((16, 144), (4, 16), (0, 4)),
+    GGMLType.Q6_K: ((0, 128), (128, 192), (192, 208), (208, 210)),
+}
+PLAIN = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+SUPPORTED = (*PLAIN, *PLANES)
+ALIGN = 16
+
+
+def planes_of(raw: np.ndarray, qtype: GGMLType) -> list[np.ndarray]:
+    """The planes of ``raw`` (rows, row_bytes) uint8 blocks, each a flat uint8 array."""
+    if qtype in PLAIN:
+        return [np.ascontiguousarray(raw).reshape(-1)]
+    fmt = BLOCK_FORMATS[qtype]
+    blocks = raw.reshape(raw.shape[0], -1, fmt.block_bytes)
+    return [np.ascontiguousarray(blocks[:, :, a:b]).reshape(-1) for a, b in PLANES[qtype]]
+
+
+@dataclass
+class WeightPart:
+    """Rows ``row0 .. row0 + rows`` of a weight in one buffer; ``planes`` are word offsets of each plane."""
+
+    buffer: Buffer
+    row0: int
+    rows: int
+    planes: tuple[int, int, int, int]
+
+
+@dataclass
+class DeviceWeight:
+    name: str
+    type: GGMLType
+    rows: int
+    cols: int
+    parts: list[WeightPart]
+
+    @property
+    def fmt(self) -> str:
+        return self.type.name
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.buffer.size for p in self.parts)
+
+
+def _padded(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def upload_weight(t: QTensor, transfers: Transfers, limit: int) -> DeviceWeight:
+    """Upload a matrix weight as planar blocks, split into parts of at most ``limit`` bytes."""
+    if t.type not in SUPPORTED:
+        raise UnsupportedOpError(
+            f"vulkan backend: tensor {t.name!r} has type {t.type.name}, which has no Vulkan kernel "
+            f"(supported: {', '.join(x.name for x in SUPPORTED)})"
+        )
+    if t.cols % 8:
+        raise UnsupportedOpError(
+            f"vulkan backend: tensor {t.name!r} has {t.cols} columns (must be a multiple of 8)"
+        )
+    raw = t.raw
+    rows_per_part = max(1, (limit - 64 * ALIGN) // t.row_bytes)
+    parts = []
+    for r0 in range(0, t.rows, rows_per_part):
+        chunk = raw[r0 : r0 + rows_per_part]
+        planes = planes_of(chunk, t.type)
+        offsets, size = [], 0
+        for p in planes:
+            offsets.append(size)
+            size += _padded(p.size)
+        buf = Buffer(transfers.dev, size, name=f"{t.name}[{r0}:]")
+        for off, p in zip(offsets, planes):
+            transfers.upload(buf, p, off)
+        words = tuple(o // 4 for o in offsets) + (0,) * (4 - len(offsets))
+        parts.append(WeightPart(buf, r0, len(chunk), words))  # type: ignore[arg-type]
+    return DeviceWeight(t.name, t.type, t.rows, t.cols, parts)
