@@ -13,6 +13,7 @@ from .base import Backend, BackendUnavailableError, DeviceInfo, SeqSlice, Step, 
 REGISTRY: dict[str, str] = {
     "numpy": "workbench.backends.numpy_ref:NumpyBackend",
     "cpu": "workbench.backends.numba_cpu:CpuBackend",
+    "vulkan": "workbench.backends.vulkan:VulkanBackend",
     "npu": "workbench.backends.npu:NpuBackend",
 }
 ALL_NAMES = ("numpy", "cpu", "vulkan", "npu")

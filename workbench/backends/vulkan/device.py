@@ -7,6 +7,7 @@ layer with a messenger that collects every validation message (tests fail on any
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -323,10 +324,8 @@ class VulkanDevice:
         vk = self.vk
         if getattr(self, "device", None) is None:
             return
-        try:
+        with contextlib.suppress(vk.VkError):
             vk.vkDeviceWaitIdle(self.device)
-        except vk.VkError:
-            pass
         vk.vkDestroyFence(self.device, self.fence, None)
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
         vk.vkDestroyDevice(self.device, None)

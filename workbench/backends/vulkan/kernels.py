@@ -74,7 +74,7 @@ KERNELS: dict[str, KernelSpec] = {
             "scale:f",
         ),
         (("wg", 0),),
-    ),  # fmt: skip
+    ),
     "attn_combine": KernelSpec(
         "attn_combine",
         ("o_off", "o_stride", "part_off", "n_heads", "hd", "n_split", "window", "split_keys"),
