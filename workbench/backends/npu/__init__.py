@@ -36,8 +36,10 @@ DTYPES = {"bf16": "bf16", "int8": "i8"}
 
 
 def matmul_schedule(array: AieArray, rows: int, n_out: int, k_in: int, dtype: str) -> Schedule:
-    """GEMV for a single row (decode), GEMM otherwise."""
-    return plan_gemv(array, n_out, k_in, dtype) if rows == 1 else plan_gemm(array, rows, k_in, n_out, dtype)
+    """GEMV (mv.cc) for a single bf16 row (decode), GEMM (mm.cc) otherwise: int8 rows pad to the MAC tile."""
+    if rows == 1 and dtype != "i8":
+        return plan_gemv(array, n_out, k_in, dtype)
+    return plan_gemm(array, rows, k_in, n_out, dtype)
 
 
 class NpuBackend(Backend):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
@@ -148,8 +148,10 @@ class Schedule:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(problem=dict(self.problem), tile=dict(self.tile), notes=dict(self.notes))
+        d["fifos"] = [asdict(f) for f in self.fifos]
+        d["transfers"] = [asdict(t) for t in self.transfers]
         d["core_bytes"], d["memtile_bytes"] = self.core_bytes(), self.memtile_bytes()
         return d
 
@@ -257,9 +259,15 @@ def gemv_schedule(
     array: AieArray, N: int, K: int, dtype: str, m: int, k: int, columns: int, rows: int, depth: int = 2
 ) -> Schedule:
     """y (N) = W (N x K) @ x (K): each core owns blocks of m output rows, streams W tiles m x k (rows of W
-    contiguous when k == K) and the broadcast vector x in pieces of k; fp32 (or int32) accumulation."""
-    if K % k:
-        raise ScheduleError(f"gemv: K={K} is not a multiple of k={k}")
+    contiguous when k == K) and the broadcast vector x in pieces of k; fp32 (or int32) accumulation.
+    The kernel is mlir-aie's ``matvec_vectorized`` (mv.cc: bf16 or i16 inputs, m a multiple of 16, k of
+    8), which reads W tiles transposed at 32-bit granularity: the DMA pattern of ``W_L2L1`` does that."""
+    if dtype not in ("bf16", "i16"):
+        raise ScheduleError(
+            f"gemv: mv.cc's vectorized kernel takes bf16 or i16, not {dtype} (use a gemm schedule)"
+        )
+    if K % k or m % 16 or k % 8:
+        raise ScheduleError(f"gemv: need K % k == 0, m % 16 == 0, k % 8 == 0 (K={K}, m={m}, k={k})")
     out = OUT_DTYPE[dtype]
     cores = columns * rows
     np_ = ceil_to(N, m * cores)
@@ -267,7 +275,7 @@ def gemv_schedule(
     blocks = np_ // (m * cores)
     fifos = (
         Fifo("W_L3L2", "shim", "memtile", (m * rows, k), dtype, depth),
-        Fifo("W_L2L1", "memtile", "core", (m, k), dtype, depth),
+        Fifo("W_L2L1", "memtile", "core", (m, k), dtype, depth, ((k // 2, 2), (m, k), (2, 1))),
         Fifo("x_L3L2", "shim", "memtile", (k,), dtype, depth),
         Fifo("x_L2L1", "memtile", "core", (k,), dtype, depth, fanout=rows),
         Fifo("y_L1L2", "core", "memtile", (m,), out, depth),
@@ -291,11 +299,11 @@ def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
     ks = [K // d for d in (1, 2, 4, 8, 16) if K % d == 0 and (K // d) % 32 == 0] or [K]
     cands = [
         gemv_schedule(array, N, K, dtype, m, k, cols, array.rows)
-        for m in (64, 32, 16, 8)
+        for m in (64, 32, 16)  # mv.cc's vectorized kernel takes rows in groups of r = 16
         for k in ks
         for cols in sorted({1, array.columns})
         if m <= N
-    ] or [gemv_schedule(array, N, K, dtype, 8, ks[0], 1, 1)]
+    ] or [gemv_schedule(array, N, K, dtype, 16, ks[0], 1, 1)]
     return _best(cands, array, f"gemv {N}x{K} {dtype}")
 
 
@@ -319,7 +327,10 @@ def rowwise_schedule(
         fifos.append(Fifo("w_L3L1", "shim", "core", (L,), dtype, 1, fanout=array.rows, per_call=False))
         transfers.append(DdrTransfer("w", "in", columns * L * b, L * b, columns))
     ops_per_elem = {"rmsnorm": 5, "softmax": 8}[op]
-    kernel = {"rmsnorm": ("rms_norm_bf16", "rms_norm.o"), "softmax": ("softmax_bf16", "softmax.o")}[op]
+    kernel = {
+        "rmsnorm": ("rms_norm_eps", "eltwise_mul_bf16_vector", "rms_norm.o", "mul.o"),
+        "softmax": ("softmax_bf16", "softmax.o"),
+    }[op]
     return Schedule(
         op, array.key, dtype, dtype, {"R": R, "L": L}, {"rows_per_call": rows_per_call},
         columns, array.rows, tuple(fifos), tuple(transfers), calls, 0, "vector",
@@ -333,8 +344,7 @@ def plan_rowwise(array: AieArray, op: str, R: int, L: int, dtype: str = "bf16") 
         raise ValueError(f"row-wise op must be rmsnorm or softmax, got {op!r}")
     cands = [
         rowwise_schedule(array, op, R, L, dtype, rpc, cols, op == "rmsnorm")
-        for rpc in (16, 8, 4, 2, 1)
-        if rpc <= max(1, R)
+        for rpc in (1,)  # mlir-aie's rms_norm / softmax kernels normalize one row per call
         for cols in sorted({1, array.columns})
     ]
     return _best(cands, array, f"{op} {R}x{L}")
@@ -387,7 +397,7 @@ def attention_schedule(
         {"T": T, "S": S, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim},
         {"q_tile": q_tile, "kv_chunk": kv_chunk, "splits": splits},
         columns, rows, fifos, transfers, calls, 2 * qrows * kv_chunk * head_dim, unit, 10 * qrows * kv_chunk,
-        ("matmul_bf16_f32", "softmax_bf16", "mm_attention.o"), scratch_bytes=scratch,
+        ("attn_init_f32", "attn_chunk_bf16", "attention.o"), scratch_bytes=scratch,
         notes={"work_items": items, "chunks_per_item": chunks},
     )  # fmt: skip
 

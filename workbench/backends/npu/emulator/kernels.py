@@ -62,13 +62,14 @@ def matmul_i8(
 def rmsnorm(
     schedule: Schedule, array: AieArray, x: np.ndarray, w_bf16: np.ndarray, eps: float, group: int | None
 ) -> np.ndarray:
-    """RMSNorm over rows (or groups of ``group`` values): bf16 in, fp32 statistics, bf16 out."""
+    """RMSNorm over rows (or groups of ``group`` values) as the design computes it: mlir-aie's ``rms_norm``
+    (bf16 in, fp32 sum of squares, bf16 out), then an element-wise bf16 multiply by the weight."""
     schedule.check(array)
     g = group or x.shape[-1]
     xs = to_bf16(x).reshape(-1, g)
     ms = np.mean(xs * xs, axis=-1, keepdims=True, dtype=F32)
-    out = xs * (F32(1.0) / np.sqrt(ms + F32(eps))) * w_bf16.reshape(1, g)
-    return to_bf16(out).reshape(x.shape)
+    normed = to_bf16(xs * (F32(1.0) / np.sqrt(ms + F32(eps))))
+    return to_bf16(normed * w_bf16.reshape(1, g)).reshape(x.shape)
 
 
 def softmax(schedule: Schedule, array: AieArray, x: np.ndarray) -> np.ndarray:
