@@ -143,17 +143,32 @@ class Engine:
         return rows[-1] if logits == "last" else rows
 
     def _run(self, seq: SequenceState, chunk: list[int], logits: str | np.ndarray, phase: str) -> np.ndarray:
-        step = Step.single(seq.cache, chunk, seq.cache.length, logits, phase, self._step_index)
-        graph = self.backend.prepare_graph(self.model.graph(step.n_tokens, len(step.logit_rows)))
-        if self.observer is None:
-            out = self.backend.run(graph, step)
-        else:
-            t0 = time.perf_counter()
-            out = self.backend.run(graph, step, self.observer)
-            self.observer.on_step(step, graph, self.backend, t0, time.perf_counter() - t0)
-        self._step_index += 1
+        out = self.run_step(Step.single(seq.cache, chunk, seq.cache.length, logits, phase))
         seq.tokens.extend(chunk)
         return out
+
+    def run_step(self, step: Step, greedy: bool = False) -> Any:
+        """Run one step (one or several sequences, see :mod:`workbench.runtime.batch`); its logit rows, or with
+        ``greedy`` the argmax token of the last row (sampled on the device where the backend can)."""
+        step.index = self._step_index
+        graph = self.backend.prepare_graph(self.model.graph(step.n_tokens, len(step.logit_rows)))
+        run = self.backend.run_greedy if greedy else self.backend.run
+        if self.observer is None:
+            out = run(graph, step)
+        else:
+            t0 = time.perf_counter()
+            out = run(graph, step, self.observer)
+            self.observer.on_step(step, graph, self.backend, t0, time.perf_counter() - t0)
+        self._step_index += 1
+        return out
+
+    def greedy_step(self, seq: SequenceState, token: int) -> int:
+        """Run one decode token and return the argmax of its logits (sampled on the device where the backend
+        can, so only the token id comes back)."""
+        seq.cache.check_room(1)
+        nxt = self.run_step(Step.single(seq.cache, [token], seq.cache.length, "last", "decode"), greedy=True)
+        seq.tokens.append(token)
+        return int(nxt)
 
     # -- generation ------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
@@ -200,8 +215,10 @@ class Engine:
         finish = "length"
         first_token_s = 0.0
         decode_s = 0.0
+        device_greedy = sampling.greedy and sampling.repetition_penalty == 1.0
+        next_tok: int | None = None
         while len(out) < max_tokens:
-            tok = sample(logits, ids + out)
+            tok = sample(logits, ids + out) if next_tok is None else next_tok
             if not out:
                 first_token_s = time.perf_counter() - t0
             out.append(tok)
@@ -217,7 +234,10 @@ class Engine:
                 finish = "context"
                 break
             ts = time.perf_counter()
-            logits = self.forward(seq, [tok], phase="decode")
+            if device_greedy:
+                next_tok = self.greedy_step(seq, tok)
+            else:
+                logits = self.forward(seq, [tok], phase="decode")
             dt = time.perf_counter() - ts
             latencies.append(dt)
             decode_s += dt
