@@ -71,7 +71,10 @@ def design():
         for c in range(n_cols)
     ]
     a_taps = TensorTiler2D.group_tiler((M, K), (m, k), (1, K // k), pattern_repeat=N // n // n_cols)
-    b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
+    if True:  # B is a weight repacked at load time in tile order: one run per tile
+        b_taps = TensorTiler2D.simple_tiler((N * K // (n * k), n * k), (1, n * k), pattern_repeat=M // m // n_rows)
+    else:
+        b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
     c_taps = TensorTiler2D.simple_tiler((M, N), (m * n_rows, n))
     rt = Runtime()
     with rt.sequence(np.ndarray[(M * K,), np.dtype[t_in]], np.ndarray[(N * K,), np.dtype[t_in]],

@@ -104,7 +104,10 @@ def design():
         for c in range(n_cols)
     ]
     a_taps = TensorTiler2D.group_tiler((M, K), (m, k), (1, K // k), pattern_repeat=N // n // n_cols)
-    b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
+    if {bool(s.notes.get("pretiled_b"))}:  # B is a weight repacked at load time in tile order: one run per tile
+        b_taps = TensorTiler2D.simple_tiler((N * K // (n * k), n * k), (1, n * k), pattern_repeat=M // m // n_rows)
+    else:
+        b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
     c_taps = TensorTiler2D.simple_tiler((M, N), (m * n_rows, n))
     rt = Runtime()
     with rt.sequence(np.ndarray[(M * K,), np.dtype[t_in]], np.ndarray[(N * K,), np.dtype[t_in]],
@@ -168,7 +171,10 @@ def design():
                 Worker(core_fn, [w_l1.cons(), x_l1[c].cons(), y.prod(), zero, matvec], placement=Tile(c, 2 + r))
             )
     rows_per_core = N // n_cores
-    w_taps = TensorTiler2D.group_tiler((N, K), (m, k), (blocks, K // k))
+    if {bool(s.notes.get("pretiled"))}:  # W repacked at load time in tile order: each tile one contiguous run
+        w_taps = TensorTiler2D.simple_tiler((N * K // (m * k), m * k), (blocks * K // k, m * k))
+    else:
+        w_taps = TensorTiler2D.group_tiler((N, K), (m, k), (blocks, K // k))
     x_tap = TensorTiler2D.simple_tiler((1, K), pattern_repeat=blocks)[0]
     y_taps = TensorTiler2D.simple_tiler((1, N), (1, rows_per_core))
     rt = Runtime()

@@ -199,10 +199,12 @@ def gemm_schedule(
     dtype_out: str | None = None,
     b_col_maj: bool = True,
     depth: int = 2,
+    pretiled_b: bool = False,
 ) -> Schedule:
     """C (M x N) = A (M x K) @ B (K x N), whole-array style: A tiles broadcast along a row of cores, B
     tiles along a column; each core accumulates m x n tiles over K in steps of k. ``b_col_maj``: B is
-    stored as N x K (our weights), so a B tile's contiguous runs are k long."""
+    stored as N x K (our weights), so a B tile's contiguous runs are k long; ``pretiled_b``: B (a weight)
+    was repacked at load time in tile order, so every B tile is one contiguous run."""
     r, s, t = array.mac_tile(dtype)
     out = dtype_out or OUT_DTYPE[dtype]
     if m % r or k % s or n % t:
@@ -223,7 +225,9 @@ def gemm_schedule(
     a_reads, b_reads = np_ // (n * columns), mp // (m * rows)
     transfers = (
         DdrTransfer("A", "in", mp * K * bi * a_reads, k * bi, min(columns, rows)),
-        DdrTransfer("B", "in", np_ * K * bi * b_reads, (k if b_col_maj else n) * bi, columns),
+        DdrTransfer(
+            "B", "in", np_ * K * bi * b_reads, (k * n if pretiled_b else k if b_col_maj else n) * bi, columns
+        ),
         DdrTransfer("C", "out", mp * np_ * bo, n * bo, columns),
     )
     tiles = (mp // m) * (np_ // n) // (columns * rows)
@@ -232,7 +236,7 @@ def gemm_schedule(
         {"m": m, "k": k, "n": n, "r": r, "s": s, "t": t, "M_pad": mp, "N_pad": np_},
         columns, rows, fifos, transfers, tiles * (K // k), m * k * n, "matrix", 0,
         (f"matmul_{dtype}_{out}" + ("_b_col_maj" if b_col_maj else ""), f"zero_{out}", f"mm_{m}x{k}x{n}.o"),
-        notes={"b_col_maj": b_col_maj, "tiles_per_core": tiles},
+        notes={"b_col_maj": b_col_maj, "pretiled_b": pretiled_b, "tiles_per_core": tiles},
     )  # fmt: skip
 
 
@@ -243,7 +247,7 @@ def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> S
     for m in sorted(
         {x for x in (64, 32, 16, 8, 4) if x % r == 0 and x <= max(r, ceil_to(M, r))}, reverse=True
     ):
-        for k in (128, 64, 32):
+        for k in (512, 256, 128, 64, 32):
             if K % k or k % s:
                 continue
             for n in (64, 32, 16):
@@ -251,17 +255,27 @@ def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> S
                     continue
                 for cols in sorted({1, 2, array.columns}):
                     rows = array.rows if m < M else 1
-                    cands.append(gemm_schedule(array, M, K, N, dtype, m, k, n, cols, rows))
+                    cands.append(gemm_schedule(array, M, K, N, dtype, m, k, n, cols, rows, pretiled_b=True))
     return _best(cands, array, f"gemm {M}x{K}x{N} {dtype}")
 
 
 def gemv_schedule(
-    array: AieArray, N: int, K: int, dtype: str, m: int, k: int, columns: int, rows: int, depth: int = 2
+    array: AieArray,
+    N: int,
+    K: int,
+    dtype: str,
+    m: int,
+    k: int,
+    columns: int,
+    rows: int,
+    depth: int = 2,
+    pretiled: bool = False,
 ) -> Schedule:
     """y (N) = W (N x K) @ x (K): each core owns blocks of m output rows, streams W tiles m x k (rows of W
     contiguous when k == K) and the broadcast vector x in pieces of k; fp32 (or int32) accumulation.
     The kernel is mlir-aie's ``matvec_vectorized`` (mv.cc: bf16 or i16 inputs, m a multiple of 16, k of
-    8), which reads W tiles transposed at 32-bit granularity: the DMA pattern of ``W_L2L1`` does that."""
+    8), which reads W tiles transposed at 32-bit granularity: the DMA pattern of ``W_L2L1`` does that.
+    ``pretiled``: W was repacked at load time in tile order (each m x k tile one contiguous run)."""
     if dtype not in ("bf16", "i16"):
         raise ScheduleError(
             f"gemv: mv.cc's vectorized kernel takes bf16 or i16, not {dtype} (use a gemm schedule)"
@@ -282,7 +296,7 @@ def gemv_schedule(
         Fifo("y_L2L3", "memtile", "shim", (m * rows,), out, depth),
     )
     transfers = (
-        DdrTransfer("W", "in", np_ * K * bi, (m * K if k == K else k) * bi, columns),
+        DdrTransfer("W", "in", np_ * K * bi, (m * k if pretiled or k == K else k) * bi, columns),
         DdrTransfer("x", "in", columns * blocks * K * bi, k * bi, columns),
         DdrTransfer("y", "out", np_ * bo, m * rows * bo, columns),
     )
@@ -290,7 +304,7 @@ def gemv_schedule(
         "gemv", array.key, dtype, out, {"N": N, "K": K}, {"m": m, "k": k, "N_pad": np_},
         columns, rows, fifos, transfers, blocks * (K // k), m * k, "vector", 0,
         (f"matvec_vectorized_{dtype}_{out}", f"zero_vectorized_{out}", f"mv_{m}x{k}.o"),
-        notes={"blocks_per_core": blocks},
+        notes={"blocks_per_core": blocks, "pretiled": pretiled},
     )  # fmt: skip
 
 
@@ -298,7 +312,7 @@ def gemv_schedule(
 def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
     ks = [K // d for d in (1, 2, 4, 8, 16) if K % d == 0 and (K // d) % 32 == 0] or [K]
     cands = [
-        gemv_schedule(array, N, K, dtype, m, k, cols, array.rows)
+        gemv_schedule(array, N, K, dtype, m, k, cols, array.rows, pretiled=True)
         for m in (64, 32, 16)  # mv.cc's vectorized kernel takes rows in groups of r = 16
         for k in ks
         for cols in sorted({1, array.columns})

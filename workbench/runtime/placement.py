@@ -1,0 +1,438 @@
+"""Placement: each op of a step assigned to a device (``cpu``, ``vulkan`` = the iGPU, ``npu``), with explicit
+transfers where a tensor crosses devices, and the step's timeline, tokens/s and J/token.
+
+Named strategies (:data:`STRATEGIES`) come from the design notes this project grew from. The NPU takes
+only the op kinds its schedules cover (:data:`workbench.backends.npu.NPU_KINDS`); other ops of an NPU
+segment go to the iGPU, and every crossing is a transfer: zero-copy (a cache flush and a queue sync) on
+unified-memory laptops, a copy over PCIe where the devices have separate memory.
+
+How each time is obtained, and said in every result: NPU ops ``emulated`` (AIE cost model); iGPU ops
+``projected`` (roofline of the device profile with the efficiency factors below) unless a real backend ran
+them; ``cpu`` ops ``measured`` when run here, else ``projected``; transfers ``modeled`` (and ``measured``
+host copies in :func:`run_placed`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..instrument.devices import DeviceProfile, get_profile
+from ..models.config import ModelConfig
+from ..models.gemma3 import build_graph
+from ..ops.graph import STEP_INPUTS, Graph, Op, WeightSpec
+from ..ops.kinds import distinct_keys, op_cost
+from .timeline import Task, Timeline, schedule
+
+DEVICES = ("cpu", "vulkan", "npu")
+# roofline efficiency of projected GPU/CPU ops: DESIGN.md section 6 (llama.cpp decode on the 780M implies
+# ~73-80 of 89.6 GB/s), half of peak FLOP/s for matmul-heavy prefill, a few us per dispatch of a
+# recorded-and-replayed command buffer
+BW_EFFICIENCY = 0.85
+FLOP_EFFICIENCY = 0.5
+DISPATCH_S = 5e-6
+# transfers: zero-copy on unified memory costs a cache flush at memory bandwidth plus a queue sync;
+# separate memory copies over PCIe 4.0 x16 (~25 GB/s achieved) with ~10 us latency
+SYNC_S = 10e-6
+PCIE_BW, PCIE_LATENCY_S = 25e9, 10e-6
+
+ATTN_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "rope_q", "rope_k",
+              "attn", "attn_output", "post_attention_norm", "attn_residual")  # fmt: skip
+FFN_BLOCK = ("ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "post_ffw_norm", "ffn_residual")
+
+STRATEGIES = {
+    "all-igpu": "every op on the iGPU",
+    "npu-attention": "attention blocks on the NPU (the kinds it covers), FFN blocks and the rest on the iGPU",
+    "npu-ffn": "FFN blocks on the NPU (the kinds it covers), attention blocks and the rest on the iGPU",
+    "npu-first-N-layers": "layers 0..N-1 on the NPU (the kinds it covers), the rest on the iGPU (N: first_n)",
+    "npu-prefill-igpu-decode": "prefill steps on the NPU (the kinds it covers), decode steps on the iGPU "
+    "(AMD's hybrid flow)",
+    "all-cpu": "every op on the host CPU (the baseline this machine can measure)",
+}
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The machine a placement is projected for: the device profile behind each device name."""
+
+    name: str
+    profiles: dict[str, str]
+
+    def profile(self, device: str) -> DeviceProfile:
+        return get_profile(self.profiles[device])
+
+    def unified(self, a: str, b: str) -> bool:
+        return self.profile(a).unified_memory and self.profile(b).unified_memory
+
+
+PLATFORMS = {
+    "phoenix": Platform("phoenix", {"cpu": "host", "vulkan": "780m", "npu": "npu1"}),
+    "hawkpoint": Platform("hawkpoint", {"cpu": "host", "vulkan": "780m", "npu": "hawkpoint"}),
+    "strix": Platform("strix", {"cpu": "host", "vulkan": "890m", "npu": "npu2"}),
+    "h100+npu1": Platform("h100+npu1", {"cpu": "host", "vulkan": "h100", "npu": "npu1"}),
+}
+
+
+def get_platform(name: str) -> Platform:
+    try:
+        return PLATFORMS[name]
+    except KeyError:
+        raise ValueError(f"unknown platform {name!r} (known: {', '.join(PLATFORMS)})") from None
+
+
+def _block(op: Op) -> str:
+    part = op.name.split(".")[-1] if op.layer is not None else ""
+    return "attn" if part in ATTN_BLOCK else "ffn" if part in FFN_BLOCK else "other"
+
+
+def assign(graph: Graph, strategy: str, phase: str = "decode", first_n: int | None = None) -> dict[str, str]:
+    """Op name -> device for ``strategy`` (see :data:`STRATEGIES`); ``phase`` is prefill or decode."""
+    from ..backends.npu import NPU_KINDS
+
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+    n = graph.config.n_layers // 2 if first_n is None else first_n
+    if not 0 <= n <= graph.config.n_layers:
+        raise ValueError(f"first_n must be in 0..{graph.config.n_layers}, got {first_n}")
+    wants_npu: Callable[[Op], bool] = {
+        "all-igpu": lambda op: False,
+        "all-cpu": lambda op: False,
+        "npu-attention": lambda op: _block(op) == "attn",
+        "npu-ffn": lambda op: _block(op) == "ffn",
+        "npu-first-N-layers": lambda op: op.layer is not None and op.layer < n,
+        "npu-prefill-igpu-decode": lambda op: phase == "prefill",
+    }[strategy]
+    other = "cpu" if strategy == "all-cpu" else "vulkan"
+    return {op.name: "npu" if wants_npu(op) and op.kind in NPU_KINDS else other for op in graph.ops}
+
+
+# -- time of one op or transfer on a device --------------------------------------------------------------
+def npu_schedule(op: Op, graph: Graph, positions: np.ndarray, array, dtype: str):
+    """The NPU schedule of ``op`` in ``graph`` (as the npu backend plans it)."""
+    from ..backends.npu import matmul_schedule
+    from ..backends.npu.schedule import plan_attention, plan_rowwise
+
+    x = graph.tensors[op.inputs[0]].shape
+    if op.kind == "matmul":
+        n_out = sum(graph.weights[w].shape[0] for w in op.weights)
+        return matmul_schedule(array, x[0], n_out, x[1], dtype)
+    if op.kind == "rmsnorm":
+        length = op.attr("group") or x[-1]
+        return plan_rowwise(array, "rmsnorm", int(np.prod(x)) // length, length)
+    if op.kind == "attention":
+        a = op.attrs
+        keys = distinct_keys(positions, a.get("window", 0))
+        return plan_attention(array, len(positions), keys, a["n_heads"], a["n_kv_heads"], a["head_dim"])
+    raise ValueError(f"op kind {op.kind!r} has no NPU schedule")
+
+
+def roofline_seconds(op: Op, graph: Graph, positions: np.ndarray, profile: DeviceProfile) -> float:
+    """Projected seconds of ``op`` on a GPU/CPU profile: the slower of memory and compute, plus a dispatch."""
+    c = op_cost(op, graph, positions)
+    dtype = "fp16" if profile.kind == "gpu" else "fp32"
+    return (
+        max(c.bytes / (profile.mem_bw * BW_EFFICIENCY), c.flops / (profile.peak(dtype) * FLOP_EFFICIENCY))
+        + DISPATCH_S
+    )
+
+
+def op_seconds(
+    op: Op, graph: Graph, positions: np.ndarray, device: str, platform: Platform, npu_dtype: str = "i8"
+) -> tuple[float, str]:
+    """(seconds, how) of ``op`` on ``device`` of ``platform``: emulated for the NPU, projected otherwise."""
+    if device == "npu":
+        from ..backends.npu.arch import get_array
+        from ..backends.npu.cost import estimate
+
+        array = get_array(platform.profiles["npu"])
+        est = estimate(npu_schedule(op, graph, positions, array, npu_dtype), array)
+        return est.seconds, est.how
+    prof = platform.profile(device)
+    return roofline_seconds(op, graph, positions, prof), f"projected (roofline, {prof.key})"
+
+
+def transfer_seconds(nbytes: int, src: str, dst: str, platform: Platform) -> tuple[float, str]:
+    """Modeled seconds of moving a tensor from ``src`` to ``dst``: zero-copy sync or a PCIe copy."""
+    if platform.unified(src, dst):
+        bw = min(platform.profile(src).mem_bw, platform.profile(dst).mem_bw)
+        return SYNC_S + nbytes / bw, "modeled (zero-copy: cache flush + queue sync)"
+    return PCIE_LATENCY_S + nbytes / PCIE_BW, "modeled (copy over PCIe)"
+
+
+# -- placed steps ----------------------------------------------------------------------------------------
+def step_tasks(
+    graph: Graph,
+    assignment: dict[str, str],
+    op_time: Callable[[Op, str], tuple[float, str]],
+    platform: Platform,
+) -> list[Task]:
+    """The step as tasks in program order: each op, preceded by a transfer for every input it reads from
+    another device (step inputs start on the host CPU). Deps link each task to its producers."""
+    tasks: list[Task] = []
+    where: dict[str, tuple[str, int | None]] = {t: ("cpu", None) for t in STEP_INPUTS}
+    for op in graph.ops:
+        dev = assignment[op.name]
+        deps = []
+        for t in op.inputs:
+            src, producer = where[t]
+            pdeps = () if producer is None else (producer,)
+            if src != dev:
+                nbytes = graph.tensors[t].nbytes if t in graph.tensors else 4 * graph.n_tokens
+                sec, how = transfer_seconds(nbytes, src, dev, platform)
+                tasks.append(Task(f"xfer:{t}:{src}->{dev}", "link", sec, how, pdeps, "transfer", nbytes))
+                where[t] = (dev, len(tasks) - 1)
+                pdeps = (len(tasks) - 1,)
+            deps.extend(pdeps)
+        sec, how = op_time(op, dev)
+        tasks.append(Task(op.name, dev, sec, how, tuple(deps)))
+        for t in op.outputs:
+            where[t] = (dev, len(tasks) - 1)
+    return tasks
+
+
+@dataclass
+class PhaseResult:
+    strategy: str
+    phase: str
+    tokens: int
+    timeline: Timeline
+    tasks: list[Task]
+    power_w: dict[str, float | None]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.timeline.makespan_s if self.timeline.makespan_s > 0 else float("nan")
+
+    @property
+    def j_per_token(self) -> float | None:
+        e = self.timeline.energy_j(self.power_w)
+        return None if e is None else e / self.tokens
+
+    def summary(self) -> dict:
+        by_dev: dict[str, int] = {}
+        for t in self.tasks:
+            if t.kind == "op":
+                by_dev[t.device] = by_dev.get(t.device, 0) + 1
+        xfers = [t for t in self.tasks if t.kind == "transfer"]
+        how = sorted({f"{t.device}: {t.how}" for t in self.tasks})
+        return {
+            "strategy": self.strategy,
+            "phase": self.phase,
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "j_per_token": self.j_per_token,
+            "step_s": self.timeline.makespan_s,
+            "busy_s": dict(self.timeline.busy),
+            "ops_by_device": by_dev,
+            "transfers": len(xfers),
+            "transfer_bytes": sum(t.nbytes for t in xfers),
+            "how": how,
+        }
+
+
+def project(
+    config: ModelConfig,
+    weights: dict[str, WeightSpec],
+    strategy: str,
+    phase: str = "decode",
+    *,
+    platform: str | Platform = "phoenix",
+    context: int = 512,
+    prompt_tokens: int = 512,
+    sequences: int = 1,
+    npu_dtype: str = "int8",
+    first_n: int | None = None,
+    npu_launch: str = "op",
+) -> PhaseResult:
+    """Tokens/s and J/token of one phase of ``strategy`` on ``platform``, from the cost models alone.
+
+    Decode: one token per sequence at ``context`` tokens of history; prefill: a ``prompt_tokens`` prompt.
+    ``sequences`` independent sequences are interleaved (their tokens add up; devices overlap).
+    ``npu_launch``: ``op`` (one XRT launch per NPU op, as the npu backend runs) or ``segment`` (consecutive
+    NPU ops share one launch, as a runlist of fused designs would).
+    """
+    if npu_launch not in ("op", "segment"):
+        raise ValueError(f"npu_launch must be op or segment, got {npu_launch!r}")
+    plat = platform if isinstance(platform, Platform) else get_platform(platform)
+    dt = {"int8": "i8", "bf16": "bf16", "i8": "i8"}[npu_dtype]
+    if phase == "decode":
+        t, positions = 1, np.array([max(0, min(context, config.context_length) - 1)])
+    elif phase == "prefill":
+        t = max(1, min(prompt_tokens, config.context_length))
+        positions = np.arange(t)
+    else:
+        raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+    graph = build_graph(config, weights, t, 1)
+    assignment = assign(graph, strategy, phase, first_n)
+    prev = {b.name: a for a, b in zip(graph.ops, graph.ops[1:])}
+
+    def op_time(op: Op, dev: str) -> tuple[float, str]:
+        sec, how = op_seconds(op, graph, positions, dev, plat, dt)
+        before = prev.get(op.name)
+        if (
+            dev == "npu"
+            and npu_launch == "segment"
+            and before is not None
+            and assignment[before.name] == "npu"
+        ):
+            from ..backends.npu.arch import get_array
+
+            return sec - get_array(
+                plat.profiles["npu"]
+            ).launch_s, how + "; launch shared with its NPU segment"
+        return sec, how
+
+    tasks = step_tasks(graph, assignment, op_time, plat)
+    power = {d: plat.profile(d).power_w for d in DEVICES}
+    power["link"] = 0.0  # transfer energy is in the devices' busy time of their sync work: not counted twice
+    return PhaseResult(strategy, phase, t * sequences, schedule(tasks, sequences), tasks, power)
+
+
+def sweep(
+    models: tuple[str, ...] = ("gemma3-270m", "gemma3-27b"),
+    strategies: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "all-cpu"),
+    *,
+    platform: str = "phoenix",
+    quant: str = "q4_k_m",
+    context: int = 512,
+    prompt_tokens: int = 512,
+    sequences: int = 2,
+    npu_dtype: str = "int8",
+    first_n: int | None = None,
+    npu_launch: str = "op",
+    progress: bool = False,
+) -> list[dict]:
+    """One row per (model, strategy): decode and prefill tokens/s and J/token (config only, no weights)."""
+    from tqdm import tqdm
+
+    from ..instrument.roofline import weight_specs_for
+    from ..models.config import preset
+
+    rows = []
+    jobs = [(m, s) for m in models for s in strategies]
+    for model, strat in tqdm(jobs, desc="placement sweep", disable=not progress):
+        cfg = preset(model)
+        specs = weight_specs_for(cfg, quant)
+        kw = dict(
+            platform=platform,
+            context=context,
+            prompt_tokens=prompt_tokens,
+            npu_dtype=npu_dtype,
+            first_n=first_n,
+            npu_launch=npu_launch,
+        )
+        dec = project(cfg, specs, strat, "decode", **kw)
+        dec_n = project(cfg, specs, strat, "decode", sequences=sequences, **kw)
+        pre = project(cfg, specs, strat, "prefill", **kw)
+        rows.append(
+            {
+                "model": model,
+                "strategy": strat,
+                "platform": platform,
+                "npu_dtype": npu_dtype,
+                "npu_launch": npu_launch,
+                "decode_tok_s": dec.tokens_per_s,
+                "decode_j_per_token": dec.j_per_token,
+                f"decode_tok_s_{sequences}seq": dec_n.tokens_per_s,
+                "prefill_tok_s": pre.tokens_per_s,
+                "prefill_j_per_token": pre.j_per_token,
+                "decode_ops_by_device": dec.summary()["ops_by_device"],
+                "decode_transfers": dec.summary()["transfers"],
+                "how": sorted(set(dec.summary()["how"]) | set(pre.summary()["how"])),
+            }
+        )
+    return rows
+
+
+# -- running a placement with real backends --------------------------------------------------------------
+def run_placed(
+    model,
+    strategy: str,
+    prompt_ids: list[int],
+    decode_tokens: int = 4,
+    *,
+    platform: str = "phoenix",
+    npu_dtype: str = "bf16",
+    first_n: int | None = None,
+) -> dict:
+    """Generate greedily with each op on its placed device, using what runs here: the AIE emulator for
+    ``npu`` (emulated times), the cpu backend for ``cpu`` (measured), and for ``vulkan`` the numpy
+    reference for values with projected iGPU times (the Backend protocol runs whole graphs, so a mixed
+    placement cannot hand single ops to the vulkan backend). Transfers are real host copies (measured)
+    and modeled for ``platform``. Returns tokens and per-phase timelines, each time labeled."""
+    from ..backends import Step
+    from ..backends.npu import NpuBackend
+
+    plat = get_platform(platform)
+    npu = NpuBackend(model, tune=f"dtype={npu_dtype}")
+    cpu = None
+    if strategy == "all-cpu":
+        from ..backends.numba_cpu import HANDLERS, CpuBackend
+
+        cpu = CpuBackend(model)
+    cache = npu.new_cache(len(prompt_ids) + decode_tokens + 1)
+    ids, out_ids, phases = list(prompt_ids), [], []
+    tokens = ids
+    for step_i in range(decode_tokens + 1):
+        phase = "prefill" if step_i == 0 else "decode"
+        graph = model.graph(len(tokens), 1)
+        step = Step.single(cache, tokens, cache.length, "last", phase, step_i)
+        assignment = assign(graph, strategy, phase, first_n)
+        env = {"tokens": step.tokens, "positions": step.positions, "logit_rows": step.logit_rows}
+        timed: dict[str, tuple[float, str]] = {}
+        copies: dict[tuple[str, str], float] = {}
+        where = {t: "cpu" for t in STEP_INPUTS}
+        for op in graph.ops:
+            dev = assignment[op.name]
+            for t in op.inputs:
+                if where[t] != dev:
+                    t0 = time.perf_counter()
+                    env[t] = np.array(env[t], copy=True)
+                    copies[(t, dev)] = time.perf_counter() - t0
+                    where[t] = dev
+            t0 = time.perf_counter()
+            if dev == "npu":
+                emulated = npu._kernel_for(op)(npu, op, env, step)
+                timed[op.name] = (emulated if emulated is not None else time.perf_counter() - t0,
+                                  f"emulated (AIE cost model, {npu.array.key})" if emulated is not None
+                                  else "measured (host numpy, op the NPU does not cover)")  # fmt: skip
+            elif dev == "cpu" and cpu is not None:
+                HANDLERS[op.kind](cpu, op, env, step)
+                timed[op.name] = (time.perf_counter() - t0, "measured (cpu backend, this host)")
+            else:
+                _host_kernel(npu, op, env, step)
+                sec = roofline_seconds(op, graph, step.positions, plat.profile(dev))
+                timed[op.name] = (
+                    sec,
+                    f"projected (roofline, {plat.profile(dev).key}); values by numpy on this host",
+                )
+            for t in op.outputs:
+                where[t] = dev
+        for s in step.seqs:
+            s.cache.length = int(step.positions[s.stop - 1]) + 1
+        tasks = step_tasks(graph, assignment, lambda op, dev, timed=timed: timed[op.name], plat)
+        tl = schedule(tasks)
+        power = {d: plat.profile(d).power_w for d in DEVICES} | {"link": 0.0}
+        res = PhaseResult(strategy, phase, len(tokens), tl, tasks, power).summary()
+        res["measured_host_copies"] = {"count": len(copies), "seconds": sum(copies.values())}
+        phases.append(res)
+        nxt = int(np.argmax(env[graph.outputs[0]][-1]))
+        out_ids.append(nxt)
+        tokens = [nxt]
+    return {
+        "strategy": strategy,
+        "platform": platform,
+        "input_ids": ids,
+        "output_ids": out_ids,
+        "steps": phases,
+    }
+
+
+def _host_kernel(npu, op: Op, env: dict, step) -> None:
+    """Run ``op`` with the numpy reference (values for ops placed on a device that cannot run here)."""
+    from ..backends.numpy_ref import KERNELS
+
+    KERNELS[op.kind](npu.host, op, env, step)
