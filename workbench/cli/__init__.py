@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 # sub-command -> module under workbench.cli that defines ``add_parser(subparsers)`` and ``run(args)``
-COMMANDS = ("generate", "bench", "limits", "info", "devices", "synth", "runs", "sweep", "report", "calibrate")
+COMMANDS = ("generate", "bench", "limits", "info", "devices", "synth", "runs", "sweep", "report", "calibrate", "placement")
 
 
 def emit_json(obj: Any) -> None:
