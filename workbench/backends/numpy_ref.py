@@ -14,6 +14,7 @@ from ..hostinfo import host_cpu_name
 from ..models.model import Model
 from ..ops import reference as ref
 from ..ops.graph import Graph, Op
+from ..quant.planar import matmul_input
 from ..runtime.kv_cache import KVCache
 from .base import Backend, DeviceInfo, OpObserver, Step
 
@@ -33,7 +34,8 @@ def _rmsnorm(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
 
 
 def _matmul(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
-    env[op.outputs[0]] = ref.matmul(env[op.inputs[0]], b.weight(op.weights[0]))
+    w = op.weights[0]
+    env[op.outputs[0]] = ref.matmul(matmul_input(b.model.weights[w], env[op.inputs[0]]), b.weight(w))
 
 
 def _rope(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:

@@ -24,10 +24,12 @@ from ...ops import reference as ref
 from ...ops.fusion import fuse
 from ...ops.graph import Graph, Op
 from ...quant.formats import GGMLType
+from ...quant.planar import PlanarTensor
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
 from . import kernels as k
 from . import matvec as mv
+from . import qformats as qf
 from . import rows as rk
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
@@ -47,6 +49,18 @@ class CpuWeight:
     @property
     def rows(self) -> int:
         return self.data.shape[0]
+
+    def dequantize_into(self, row0: int, out: np.ndarray) -> None:
+        """Float32 values of rows ``row0 ...`` into ``out`` (quantized formats only)."""
+        mv.dequantize_rows(self.fmt, self.data, self.n_units, row0, out)
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """Float32 values of the given rows (embedding lookup)."""
+        if self.fmt < 0:
+            return self.data[rows]
+        out = np.empty((len(rows), self.n_units * mv.DECODERS[self.type].unit_values), np.float32)
+        mv.dequantize_gather(self.fmt, self.data, self.n_units, rows.astype(np.int64), out)
+        return out
 
 
 _EMPTY_W = np.zeros((0, 1), np.uint8)
@@ -119,6 +133,8 @@ class CpuBackend(Backend):
 
     def _native(self, name: str) -> CpuWeight:
         qt = self.model.weights[name]
+        if isinstance(qt, PlanarTensor):  # re-quantized (workbench.quant.planar): native planar kernels
+            return qf.cpu_weight(qt)
         if qt.type in mv.QUANT_TYPES:
             return CpuWeight(name, qt.type, int(qt.type), qt.raw, mv.units(qt.type, qt.cols))
         if qt.type in mv.FLOAT_TYPES:
@@ -209,6 +225,8 @@ class CpuBackend(Backend):
     def project(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         """``x @ W.T`` for each weight: fused matvec for few rows, dequantized BLAS GEMM for many."""
         ws = [self.weights[n] for n in names]
+        if any(w.fmt == qf.PLANAR_FMT for w in ws):
+            return qf.project(self, x, ws)
         if self.batch_min_rows <= x.shape[0] <= self.batch_rows and all(w.fmt >= 0 for w in ws):
             return self._project_rows(x, ws)
         if x.shape[0] > self.gemv_max_rows or any(w.fmt < 0 for w in ws):
@@ -254,7 +272,7 @@ class CpuBackend(Backend):
         held = sum(a.nbytes for a in self._dense.values())
         if dense is None and held + 4 * w.rows * x.shape[1] <= self.dense_budget:
             dense = self._dense[w.name] = np.empty((w.rows, x.shape[1]), np.float32)
-            mv.dequantize_rows(w.fmt, w.data, w.n_units, 0, dense)
+            w.dequantize_into(0, dense)
         if dense is not None:
             return x @ dense.T
         out = np.empty((x.shape[0], w.rows), np.float32)
@@ -262,7 +280,7 @@ class CpuBackend(Backend):
         tile = np.empty((tile_rows, x.shape[1]), np.float32)
         for r0 in range(0, w.rows, tile_rows):
             n = min(tile_rows, w.rows - r0)
-            mv.dequantize_rows(w.fmt, w.data, w.n_units, r0, tile[:n])
+            w.dequantize_into(r0, tile[:n])
             np.matmul(x, tile[:n].T, out=out[:, r0 : r0 + n])
         return out
 
@@ -288,7 +306,7 @@ def _cache_misses() -> int:
 
 _DISPATCHERS = [
     getattr(m, n)
-    for m in (k, mv, rk)
+    for m in (k, mv, qf, rk)
     for n in dir(m)
     if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
 ]
@@ -305,12 +323,7 @@ def _out(env: Env, name: str, like: np.ndarray, cols: int | None = None) -> np.n
 
 
 def _embed(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
-    w, tokens = b.weights[op.weights[0]], env[op.inputs[0]]
-    if w.fmt < 0:
-        out = w.data[tokens]
-    else:
-        out = np.empty((len(tokens), w.n_units * mv.DECODERS[w.type].unit_values), np.float32)
-        mv.dequantize_gather(w.fmt, w.data, w.n_units, tokens.astype(np.int64), out)
+    out = b.weights[op.weights[0]].gather(env[op.inputs[0]])
     k.scale_rows(out, op.attrs["scale"])
     env[op.outputs[0]] = out
 
