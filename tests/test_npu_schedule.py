@@ -1,0 +1,98 @@
+"""NPU schedules: tiles fit the cores' and memory tiles' memories, planners pick fitting schedules, and
+the AIE array geometry agrees with the published peak figures of the device profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.backends.npu.arch import get_array
+from workbench.backends.npu.cost import estimate
+from workbench.backends.npu.schedule import (
+    ScheduleError,
+    attention_schedule,
+    gemm_schedule,
+    plan_attention,
+    plan_gemm,
+    plan_gemv,
+    plan_rowwise,
+)
+from workbench.instrument.devices import get_profile
+
+
+@pytest.mark.parametrize("key", ["npu1", "hawkpoint", "npu2"])
+def test_array_peak_matches_published_tops(key):
+    a, prof = get_array(key), get_profile(key)
+    assert a.peak_ops("i8") == pytest.approx(prof.peak_flops["int8"], rel=0.05)
+    assert a.macs_per_cycle("bf16") * 2 == a.macs_per_cycle("i8")  # bf16 at half the int8 MAC rate
+
+
+@pytest.mark.parametrize("device", ["npu1", "npu2"])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        lambda a: plan_gemv(a, 1024, 640),
+        lambda a: plan_gemv(a, 262144, 640),
+        lambda a: plan_gemv(a, 640, 2048),
+        lambda a: plan_gemm(a, 7, 640, 2048),
+        lambda a: plan_gemm(a, 512, 2048, 640, "i8"),
+        lambda a: plan_gemm(a, 1, 5376, 21504, "i8"),
+        lambda a: plan_rowwise(a, "rmsnorm", 4, 256),
+        lambda a: plan_rowwise(a, "softmax", 8, 1024),
+        lambda a: plan_attention(a, 1, 4096, 32, 16, 128),
+        lambda a: plan_attention(a, 64, 512, 4, 1, 256),
+    ],
+)
+def test_planned_schedules_fit_their_array(device, plan):
+    a = get_array(device)
+    s = plan(a)
+    s.check(a)
+    assert s.core_bytes() <= a.usable_core_bytes()
+    assert s.memtile_bytes() <= a.memtile_bytes
+    assert s.columns <= a.columns and s.rows <= a.rows
+    assert s.calls_per_core >= 1 and estimate(s, a).seconds > a.launch_s
+
+
+def test_oversized_tiles_are_rejected_with_the_numbers():
+    a = get_array("npu1")
+    s = gemm_schedule(a, 512, 512, 512, "bf16", 128, 128, 128, 4, 4)
+    with pytest.raises(ScheduleError, match=r"core buffers need \d+ bytes"):
+        s.check(a)
+    with pytest.raises(ScheduleError, match="exceeds the array"):
+        gemm_schedule(a, 512, 512, 512, "bf16", 64, 64, 32, 8, 4).check(a)
+    big = attention_schedule(a, 64, 512, 4, 1, 256, 64, 64, 1)
+    with pytest.raises(ScheduleError):
+        big.check(a)
+
+
+def test_tiles_respect_the_mac_tile_and_shapes():
+    a = get_array("npu1")
+    with pytest.raises(ScheduleError, match="MAC tile"):
+        gemm_schedule(a, 64, 64, 64, "bf16", 6, 64, 32, 1, 1)
+    with pytest.raises(ScheduleError, match="not a multiple"):
+        gemm_schedule(a, 64, 100, 64, "bf16", 64, 64, 32, 1, 1)
+    g = plan_gemm(a, 7, 640, 1024)
+    r, s_, t = a.mac_tile("bf16")
+    assert g.tile["m"] % r == 0 and g.tile["k"] % s_ == 0 and g.tile["n"] % t == 0
+    assert g.tile["M_pad"] >= 7 and g.tile["N_pad"] >= 1024
+
+
+def test_ddr_transfers_cover_the_problem():
+    a = get_array("npu1")
+    s = plan_gemv(a, 1024, 640)
+    w = next(t for t in s.transfers if t.tensor == "W")
+    assert w.nbytes == s.tile["N_pad"] * 640 * 2  # every bf16 weight read once
+    assert w.run_bytes == s.tile["m"] * s.tile["k"] * 2  # pre-tiled: one burst run per tile
+    g = gemm_schedule(a, 512, 512, 512, "i16", 64, 64, 32, 1, 1, dtype_out="i32", b_col_maj=False)
+    c = next(t for t in g.transfers if t.tensor == "C")
+    assert c.nbytes == 512 * 512 * 4 and c.run_bytes == 32 * 4
+
+
+def test_cost_model_scales_sensibly():
+    a = get_array("npu1")
+    one = estimate(gemm_schedule(a, 512, 512, 512, "i16", 64, 64, 32, 1, 1), a)
+    many = estimate(gemm_schedule(a, 512, 512, 512, "i16", 64, 64, 32, 4, 4), a)
+    assert many.array_s < one.array_s / 2  # 16 cores beat one
+    tiny = estimate(plan_rowwise(a, "rmsnorm", 1, 640), a)
+    assert tiny.bound == "launch overhead"  # single-token decode ops are launch bound
+    big = estimate(plan_gemv(a, 262144, 640), a)
+    assert big.bound == "DDR interface" and big.how.startswith("emulated")
