@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 # sub-command -> module under workbench.cli that defines ``add_parser(subparsers)`` and ``run(args)``
-COMMANDS = ("generate", "bench", "limits", "info", "devices", "synth", "runs", "sweep", "report", "calibrate", "placement")
+COMMANDS = (
+    "generate", "bench", "limits", "info", "devices", "synth", "runs", "sweep", "report", "calibrate", "placement",
+    "serve",
+)  # fmt: skip
 
 
 def emit_json(obj: Any) -> None:

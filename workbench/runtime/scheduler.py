@@ -210,6 +210,12 @@ class Scheduler:
         span = max(now - self._recent[0][0], 1e-3)
         return sum(n for _, n in self._recent) / span
 
+    def snapshot(self) -> dict[str, float]:
+        """Queue depth, batch size, KV bytes held and budget, tokens/s over the last ``window_s``."""
+        with self._lock:
+            return {"waiting": len(self.waiting), "running": len(self.running), "kv_used": self.kv_used_bytes(),
+                    "kv_budget": self.kv_budget, "tokens_per_s": self.tokens_per_s(), "window_s": self._window_s}  # fmt: skip
+
     def _bytes_after(self, req: Request, extra: int) -> int:
         n = (req.seq.cache.length if req.seq is not None else 0) + extra
         return seq_kv_bytes(self.config, n, req.max_len)
