@@ -1,18 +1,27 @@
 #version 450
 // Causal GQA attention of the step's queries over the layer's KV cache (sliding window on local layers),
-// with an online softmax over tiles of WG keys. Grid: (n_split, n_kv_heads, T). With n_split == 1 a
-// workgroup covers all keys of its query and writes the output; otherwise ("flash decoding") split s covers
-// split_keys keys and writes unnormalized partials (acc[hd], max, sum) that attn_combine.comp merges.
+// with an online softmax over tiles of SK keys. Grid: (n_split, n_kv_heads, T): a workgroup serves one
+// query token and the G query heads of one KV head, over one range of keys. With n_split == 1 it covers all
+// keys of its query and writes the output; otherwise ("flash decoding") split s covers split_keys keys and
+// writes unnormalized partials (acc[hd], max, sum) that attn_combine.comp merges.
+// Per tile: each subgroup scores keys (its lanes read one key row together, coalesced; dot by subgroupAdd),
+// one subgroup per head updates the running max/sum, then every thread accumulates its output dims.
 // Cache slots: position p lives in slot p (global layers) or p % ring (sliding layers).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
-layout(constant_id = 0) const uint WG = 64;
-layout(constant_id = 1) const uint G = 1;    // query heads per KV head
-layout(constant_id = 2) const uint HD = 64;  // head dim
-const uint DPT = (HD + WG - 1) / WG;         // output dims per thread
+layout(constant_id = 0) const uint WG = 128;
+layout(constant_id = 1) const uint G = 1;     // query heads per KV head
+layout(constant_id = 2) const uint HD = 64;   // head dim
+layout(constant_id = 3) const uint SG = 32;   // subgroup size of the device
+layout(constant_id = 4) const uint SK = 64;   // keys per tile
+const uint NW = WG / SG;                      // subgroups per workgroup
+const uint QV = (HD / 4 + SG - 1) / SG;       // vec4s of a key row per lane
+const uint DPT = (HD + WG - 1) / WG;          // output dims per thread
 #define MAX_G 8
+#define MAX_QV 16
 #define MAX_DPT 8
 #define NEG -1.0e30
 
@@ -24,103 +33,106 @@ layout(push_constant) uniform PC {
     float scale;
 } pc;
 
-shared float qs[G * HD];
-shared float ps[G * WG];
-shared uint slots[WG];
-shared float red[G * WG];
+shared float sc[G * SK];      // scores, then probabilities, of the tile
+shared uint slots[SK];
+shared float m_run[G], l_run[G], alpha[G];
 
 void main() {
-    uint tid = gl_LocalInvocationID.x;
+    uint tid = gl_LocalInvocationID.x, lane = gl_SubgroupInvocationID, warp = gl_SubgroupID;
     uint s = gl_WorkGroupID.x, kvh = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
-    const uint hd = HD;
     uint p = p_pos(t);
     uint lo = (pc.window > 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint begin = lo + s * pc.split_keys;
     uint end = min(p + 1u, begin + pc.split_keys);
-    for (uint i = tid; i < G * hd; i += WG) qs[i] = act[pc.q_off + t * pc.q_stride + kvh * G * hd + i];
-    float m_run[MAX_G], l_run[MAX_G], acc[MAX_G][MAX_DPT];
-    for (uint g = 0u; g < G; ++g) {
-        m_run[g] = NEG;
-        l_run[g] = 0.0;
-        for (uint i = 0u; i < DPT; ++i) acc[g][i] = 0.0;
-    }
-    uint nsub = gl_NumSubgroups;
-    barrier();
-    for (uint k0 = begin; k0 < end; k0 += WG) {
-        uint k = k0 + tid;
-        float sc[MAX_G];
-        for (uint g = 0u; g < G; ++g) sc[g] = NEG;
-        if (k < end) {
-            uint slot = pc.window > 0u ? k % pc.ring : k;
-            slots[tid] = slot;
-            uint kb = (slot * pc.kv_dim + kvh * hd) / 4u;
-            for (uint g = 0u; g < G; ++g) sc[g] = 0.0;
-            for (uint d4 = 0u; d4 < hd / 4u; ++d4) {
-                vec4 kv_ = kv4[kb + d4];
-                for (uint g = 0u; g < G; ++g) {
-                    uint qb = g * hd + 4u * d4;
-                    sc[g] += dot(kv_, vec4(qs[qb], qs[qb + 1u], qs[qb + 2u], qs[qb + 3u]));
-                }
-            }
-            for (uint g = 0u; g < G; ++g) sc[g] *= pc.scale;
+    // this lane's slice of the G query vectors (dims 4 * (i * SG + lane) .. + 3)
+    vec4 q[MAX_G][MAX_QV];
+    uint qb = (pc.q_off + t * pc.q_stride + kvh * G * HD) / 4u;
+    [[unroll]] for (uint g = 0u; g < G; ++g)
+        [[unroll]] for (uint i = 0u; i < QV; ++i) {
+            uint c = i * SG + lane;
+            q[g][i] = c < HD / 4u ? act4[qb + g * (HD / 4u) + c] * pc.scale : vec4(0.0);
         }
-        // tile max per head
-        for (uint g = 0u; g < G; ++g) {
-            float mx = subgroupMax(sc[g]);
-            if (subgroupElect()) red[g * WG + gl_SubgroupID] = mx;
+    float acc[MAX_G][MAX_DPT];
+    [[unroll]] for (uint g = 0u; g < G; ++g)
+        [[unroll]] for (uint i = 0u; i < DPT; ++i) acc[g][i] = 0.0;
+    if (tid < G) {
+        m_run[tid] = NEG;
+        l_run[tid] = 0.0;
+    }
+    for (uint k0 = begin; k0 < end; k0 += SK) {
+        uint nk = min(SK, end - k0);
+        for (uint j = tid; j < SK; j += WG) {
+            uint k = k0 + min(j, nk - 1u);  // past the end: repeat a valid key (its probability is 0)
+            slots[j] = pc.window > 0u ? k % pc.ring : k;
         }
         barrier();
-        float m_new[MAX_G];
-        for (uint g = 0u; g < G; ++g) {
+        // scores: subgroup `warp` takes keys warp, warp + NW, ...
+        [[unroll]] for (uint jj = 0u; jj < SK / NW; ++jj) {
+            uint j = jj * NW + warp;
+            uint kb = (slots[j] * pc.kv_dim + kvh * HD) / 4u;
+            float part[MAX_G];
+            [[unroll]] for (uint g = 0u; g < G; ++g) part[g] = 0.0;
+            [[unroll]] for (uint i = 0u; i < QV; ++i) {
+                uint c = i * SG + lane;
+                vec4 kv_ = c < HD / 4u ? kv4[kb + c] : vec4(0.0);
+                [[unroll]] for (uint g = 0u; g < G; ++g) part[g] += dot(kv_, q[g][i]);
+            }
+            [[unroll]] for (uint g = 0u; g < G; ++g) {
+                float d = subgroupAdd(part[g]);
+                if (lane == 0u) sc[g * SK + j] = j < nk ? d : NEG;
+            }
+        }
+        barrier();
+        // softmax bookkeeping: subgroup g handles head g
+        for (uint g = warp; g < G; g += NW) {
             float mx = NEG;
-            for (uint i = 0u; i < nsub; ++i) mx = max(mx, red[g * WG + i]);
-            m_new[g] = max(m_run[g], mx);
-        }
-        barrier();
-        for (uint g = 0u; g < G; ++g) {
-            float pv = k < end ? exp(sc[g] - m_new[g]) : 0.0;
-            ps[g * WG + tid] = pv;
-            float sm = subgroupAdd(pv);
-            if (subgroupElect()) red[g * WG + gl_SubgroupID] = sm;
-        }
-        barrier();
-        for (uint g = 0u; g < G; ++g) {
+            for (uint j = lane; j < SK; j += SG) mx = max(mx, sc[g * SK + j]);
+            mx = subgroupMax(mx);
+            float m_new = max(m_run[g], mx);
             float sm = 0.0;
-            for (uint i = 0u; i < nsub; ++i) sm += red[g * WG + i];
-            float alpha = exp(m_run[g] - m_new[g]);
-            l_run[g] = l_run[g] * alpha + sm;
-            m_run[g] = m_new[g];
-            for (uint i = 0u; i < DPT; ++i) acc[g][i] *= alpha;
+            for (uint j = lane; j < SK; j += SG) {
+                float pr = j < nk ? exp(sc[g * SK + j] - m_new) : 0.0;
+                sc[g * SK + j] = pr;
+                sm += pr;
+            }
+            sm = subgroupAdd(sm);
+            if (lane == 0u) {
+                float a = exp(m_run[g] - m_new);
+                alpha[g] = a;
+                l_run[g] = l_run[g] * a + sm;
+                m_run[g] = m_new;
+            }
         }
-        uint nk = min(WG, end - k0);
-        for (uint j = 0u; j < nk; ++j) {
-            uint vb = pc.v_off + slots[j] * pc.kv_dim + kvh * hd;
-            for (uint i = 0u; i < DPT; ++i) {
+        barrier();
+        [[unroll]] for (uint g = 0u; g < G; ++g)
+            [[unroll]] for (uint i = 0u; i < DPT; ++i) acc[g][i] *= alpha[g];
+        [[unroll]] for (uint j = 0u; j < SK; ++j) {
+            uint vb = pc.v_off + slots[j] * pc.kv_dim + kvh * HD;
+            [[unroll]] for (uint i = 0u; i < DPT; ++i) {
                 uint d = tid + i * WG;
-                if (d >= hd) break;
-                float v = kv[vb + d];
-                for (uint g = 0u; g < G; ++g) acc[g][i] += ps[g * WG + j] * v;
+                float v = d < HD ? kv[vb + d] : 0.0;
+                [[unroll]] for (uint g = 0u; g < G; ++g) acc[g][i] += sc[g * SK + j] * v;
             }
         }
         barrier();
     }
-    for (uint g = 0u; g < G; ++g) {
+    [[unroll]] for (uint g = 0u; g < G; ++g) {
         uint h = kvh * G + g;
         if (pc.n_split == 1u) {
             float inv = l_run[g] > 0.0 ? 1.0 / l_run[g] : 0.0;
-            for (uint i = 0u; i < DPT; ++i) {
+            [[unroll]] for (uint i = 0u; i < DPT; ++i) {
                 uint d = tid + i * WG;
-                if (d < hd) act[pc.o_off + t * pc.o_stride + h * hd + d] = acc[g][i] * inv;
+                if (d < HD) act[pc.o_off + t * pc.o_stride + h * HD + d] = acc[g][i] * inv;
             }
         } else {
-            uint base = pc.part_off + ((t * pc.n_split + s) * pc.n_heads + h) * (hd + 2u);
-            for (uint i = 0u; i < DPT; ++i) {
+            uint base = pc.part_off + ((t * pc.n_split + s) * pc.n_heads + h) * (HD + 2u);
+            [[unroll]] for (uint i = 0u; i < DPT; ++i) {
                 uint d = tid + i * WG;
-                if (d < hd) act[base + d] = acc[g][i];
+                if (d < HD) act[base + d] = acc[g][i];
             }
             if (tid == 0u) {
-                act[base + hd] = m_run[g];
-                act[base + hd + 1u] = l_run[g];
+                act[base + HD] = m_run[g];
+                act[base + HD + 1u] = l_run[g];
             }
         }
     }

@@ -34,8 +34,8 @@ void main() {
     uint tm = tid % WG_M, tn = tid / WG_M;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     float acc[MAX_TM][MAX_TN];
-    for (uint i = 0u; i < MAX_TM; ++i)
-        for (uint j = 0u; j < MAX_TN; ++j) acc[i][j] = 0.0;
+    for (uint i = 0u; i < TM; ++i)
+        for (uint j = 0u; j < TN; ++j) acc[i][j] = 0.0;
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
         for (uint i = tid; i < BM * BK; i += WG) {
             uint m = i / BK, kk = i % BK;
@@ -56,10 +56,10 @@ void main() {
         barrier();
         for (uint kk = 0u; kk < BK; ++kk) {
             float a[MAX_TM], b[MAX_TN];
-            for (uint i = 0u; i < MAX_TM; ++i) a[i] = i < TM ? xs[kk * (BM + 1) + tm + i * WG_M] : 0.0;
-            for (uint j = 0u; j < MAX_TN; ++j) b[j] = j < TN ? ws[kk * (BN + 1) + tn + j * WG_N] : 0.0;
-            for (uint i = 0u; i < MAX_TM; ++i)
-                for (uint j = 0u; j < MAX_TN; ++j) acc[i][j] += a[i] * b[j];
+            for (uint i = 0u; i < TM; ++i) a[i] = xs[kk * (BM + 1) + tm + i * WG_M];
+            for (uint j = 0u; j < TN; ++j) b[j] = ws[kk * (BN + 1) + tn + j * WG_N];
+            for (uint i = 0u; i < TM; ++i)
+                for (uint j = 0u; j < TN; ++j) acc[i][j] += a[i] * b[j];
         }
         barrier();
     }

@@ -2,8 +2,11 @@
 // Decode projection: y[t, row0 + r] = sum_k W[r, k] * x[t, k] for a few tokens t (T <= MAX_T), reading the
 // weight in its quantized planar layout once for all tokens.
 // Variants: NORM (RMSNorm of x fused in: x * inv_rms(x) * nw), GELU_PAIR (second weight `up` in binding 5:
-// y = gelu(W x) * (U x)). ROW_THREADS threads share a row; WG / ROW_THREADS rows per workgroup.
+// y = gelu(W x) * (U x)). ROW_THREADS threads share a row (a power of two; below the subgroup size their sum
+// is a shuffle butterfly, above it subgroupAdd then shared memory); WG / ROW_THREADS rows per workgroup.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.glsl"
 #define WBUF w32
 #define DEQ8 deq_a
@@ -20,6 +23,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROW_THREADS = 32;
 layout(constant_id = 2) const uint NT = 1;  // tokens of the step (at most 8)
+layout(constant_id = 3) const uint KC = 8;  // columns of the weight (a constant, so the row loop unrolls)
 #define MAX_T 8
 const uint ROWS = WG / ROW_THREADS;
 
@@ -36,7 +40,11 @@ shared float red[WG];
 shared float inv_rms[MAX_T];
 
 float row_sum(float v, uint tid, uint r_local, uint lane) {
-    // sum over the ROW_THREADS lanes of a row (ROW_THREADS is a multiple of the subgroup size)
+    // sum over the ROW_THREADS lanes of a row
+    if (ROW_THREADS < gl_SubgroupSize) {
+        for (uint o = ROW_THREADS / 2u; o > 0u; o >>= 1) v += subgroupShuffleXor(v, o);
+        return v;
+    }
     float s = subgroupAdd(v);
     if (ROW_THREADS == gl_SubgroupSize) return s;
     if (subgroupElect()) red[gl_SubgroupID] = s;
@@ -55,7 +63,7 @@ void main() {
 #ifdef NORM
     for (uint t = 0u; t < NT; ++t) {
         float s = 0.0;
-        for (uint k = tid; k < pc.K; k += WG) {
+        for (uint k = tid; k < KC; k += WG) {
             float v = act[pc.x_off + t * pc.x_stride + k];
             s += v * v;
         }
@@ -65,7 +73,7 @@ void main() {
         if (tid == 0u) {
             float tot = 0.0;
             for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[i];
-            inv_rms[t] = 1.0 / sqrt(tot / float(pc.K) + pc.eps);
+            inv_rms[t] = 1.0 / sqrt(tot / float(KC) + pc.eps);
         }
         barrier();
     }
@@ -81,20 +89,20 @@ void main() {
 #endif
     }
     if (row < pc.N) {
-        uint nc = pc.K / 8u;
-        for (uint c = lane; c < nc; c += ROW_THREADS) {
+        const uint NC = KC / 8u;
+        [[unroll]] for (uint c = lane; c < NC; c += ROW_THREADS) {
             vec4 lo, hi;
-            deq_a(pc.pl, pc.K, row, c, lo, hi);
+            deq_a(pc.pl, KC, row, c, lo, hi);
 #ifdef GELU_PAIR
             vec4 lo2, hi2;
-            deq_b(pc.pl2, pc.K, row, c, lo2, hi2);
+            deq_b(pc.pl2, KC, row, c, lo2, hi2);
 #endif
 #ifdef NORM
             uint nb = pc.nw_off + 8u * c;
             vec4 nlo = vec4(smalls[nb], smalls[nb + 1], smalls[nb + 2], smalls[nb + 3]);
             vec4 nhi = vec4(smalls[nb + 4], smalls[nb + 5], smalls[nb + 6], smalls[nb + 7]);
 #endif
-            for (uint t = 0u; t < NT; ++t) {
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
                 uint xb = (pc.x_off + t * pc.x_stride) / 4u + 2u * c;
                 vec4 xl = act4[xb], xh = act4[xb + 1u];
 #ifdef NORM

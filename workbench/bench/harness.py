@@ -82,8 +82,7 @@ def time_ours(engine: Engine, prompt: list[int], gen: int) -> RunTiming:
     lat = []
     for _ in range(gen):
         ts = time.perf_counter()
-        logits = engine.forward(seq, [tok], phase="decode")
-        tok = int(np.argmax(logits))
+        tok = engine.greedy_step(seq, tok)
         lat.append(time.perf_counter() - ts)
     return RunTiming(t1 - t0, ttft, lat)
 

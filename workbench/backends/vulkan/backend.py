@@ -30,7 +30,7 @@ from .weights import DeviceWeight, upload_weight
 
 KERNEL_TUNABLES = (
     "matvec.wg", "matvec.row_threads", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "attention.wg",
-    "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
+    "attention.tile", "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
 )  # fmt: skip
 MAX_PROGRAMS = 8
 

