@@ -29,7 +29,8 @@ from .recorded import Recorded
 from .weights import DeviceWeight, upload_weight
 
 KERNEL_TUNABLES = (
-    "matvec.wg", "matvec.row_threads", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "attention.wg",
+    "matvec.wg", "matvec.row_threads", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "matmul_coop.wg",
+    "matmul_coop.wm", "matmul_coop.tm", "matmul_coop.tn", "attention.wg",
     "attention.tile", "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
 )  # fmt: skip
 MAX_PROGRAMS = 8
@@ -68,6 +69,7 @@ class VulkanBackend(Backend):
                 self.dev.features, {k: v for k, v in self._tune.items() if k in KERNEL_TUNABLES}
             )
             self.fused = self.tunable("fused", True)
+            self.gemm_kernel, self.gemm_note = self._choose_gemm()
             self.timestamps = self.tunable("timestamps", True) and self.dev.features.timestamps
             self.pipes = Pipelines(self.dev)
             self.transfers = Transfers(self.dev)
@@ -99,6 +101,8 @@ class VulkanBackend(Backend):
                 "api": f.api_version,
                 "subgroup_size": f.subgroup_size,
                 "fp16": f.fp16,
+                "cooperative_matrix": f.coopmat_f16,
+                "prefill_gemm": f"{self.gemm_kernel}: {self.gemm_note}",
                 "timestamps": self.timestamps,
                 "validation": self.dev.validation,
                 "weights_bytes": sum(w.nbytes for w in self._weights.values()),
@@ -106,6 +110,17 @@ class VulkanBackend(Backend):
                 "tunables": dict(self.tuning.values),
             },
         )
+
+    def _choose_gemm(self) -> tuple[str, str]:
+        """The prefill GEMM kernel and why (the fallback is named in the device details and on stderr)."""
+        if not self.tuning["matmul.coop"]:
+            return "matmul", "fp32 tiled GEMM (matmul.coop=0)"
+        if self.dev.features.coopmat_f16:
+            return "matmul_coop", "cooperative-matrix GEMM (fp16 inputs, fp32 accumulation)"
+        note = "fp32 tiled GEMM: the device has no 16x16x16 fp16 cooperative matrices"
+        if not self.dev.features.is_cpu:  # on lavapipe the fp32 kernel is the expected path; elsewhere say so
+            print(f"vulkan backend: prefill uses the {note}", file=sys.stderr)
+        return "matmul", note
 
     @classmethod
     def probe(cls) -> dict:

