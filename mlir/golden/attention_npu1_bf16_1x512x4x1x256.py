@@ -2,13 +2,12 @@
 # regenerate with `python mlir/build.py`. Requires mlir-aie (IRON); prints the MLIR module.
 # Schedule: attention npu1 bf16->f32 [T=1,S=512,n_heads=4,n_kv_heads=1,head_dim=256] tile[q_tile=1,kv_chunk=8,splits=16] 4x4 cores
 import numpy as np
-from ml_dtypes import bfloat16
-
+from aie.helpers.taplib import TensorTiler2D
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
-from aie.helpers.taplib import TensorTiler2D
+from ml_dtypes import bfloat16
 
 SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "f32", "fifos": [["q_L3L1", [4, 256], "bf16", 1], ["k_L3L1", [8, 256], "bf16", 2], ["v_L3L1", [8, 256], "bf16", 2], ["o_L1L3", [4, 258], "f32", 1]], "kernels": ["attn_init_f32", "attn_chunk_bf16", "attention.o"], "op": "attention", "problem": {"S": 512, "T": 1, "head_dim": 256, "n_heads": 4, "n_kv_heads": 1}, "rows": 4, "tile": {"kv_chunk": 8, "q_tile": 1, "splits": 16}}
 
@@ -21,7 +20,8 @@ def design():
     q_tiles = -(-T // q_tile)
     items = n_kv * splits * q_tiles
     items_per_core = -(-items // n_cores)
-    chunks = -(-(-(-S // splits)) // chunk)
+    keys_per_split = -(-S // splits)
+    chunks = -(-keys_per_split // chunk)
     q_ty = np.ndarray[(q_tile * group, d), np.dtype[bfloat16]]
     kv_ty = np.ndarray[(chunk, d), np.dtype[bfloat16]]
     o_ty = np.ndarray[(q_tile * group, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
@@ -54,14 +54,14 @@ def design():
     rt = Runtime()
     with rt.sequence(np.ndarray[(T * n_kv * group * d,), np.dtype[bfloat16]],
                      np.ndarray[(S * n_kv * d,), np.dtype[bfloat16]], np.ndarray[(S * n_kv * d,), np.dtype[bfloat16]],
-                     np.ndarray[(items * q_tile * group * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, O):
+                     np.ndarray[(items * q_tile * group * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, Out):
         rt.start(*workers)
         for i in range(min(items, n_cores)):
             q, kf, vf, of = fifos[i]
             rt.fill(q.prod(), Q)
             rt.fill(kf.prod(), K, kv_taps[i % len(kv_taps)])
             rt.fill(vf.prod(), V, kv_taps[i % len(kv_taps)])
-            rt.drain(of.cons(), O, wait=True)
+            rt.drain(of.cons(), Out, wait=True)
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
 
 

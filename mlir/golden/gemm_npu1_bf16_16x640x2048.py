@@ -2,13 +2,12 @@
 # regenerate with `python mlir/build.py`. Requires mlir-aie (IRON); prints the MLIR module.
 # Schedule: gemm npu1 bf16->f32 [M=16,K=640,N=2048] tile[m=4,k=128,n=32,r=4,s=8,t=4,M_pad=16,N_pad=2048] 4x4 cores
 import numpy as np
-from ml_dtypes import bfloat16
-
+from aie.helpers.taplib import TensorTiler2D
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
-from aie.helpers.taplib import TensorTiler2D
+from ml_dtypes import bfloat16
 
 SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "f32", "fifos": [["A_L3L2", [4, 128], "bf16", 2], ["A_L2L1", [4, 128], "bf16", 2], ["B_L3L2", [128, 32], "bf16", 2], ["B_L2L1", [128, 32], "bf16", 2], ["C_L1L2", [4, 32], "f32", 2], ["C_L2L3", [16, 32], "f32", 2]], "kernels": ["matmul_bf16_f32_b_col_maj", "zero_f32", "mm_4x128x32.o"], "op": "gemm", "problem": {"K": 640, "M": 16, "N": 2048}, "rows": 4, "tile": {"M_pad": 16, "N_pad": 2048, "k": 128, "m": 4, "n": 32, "r": 4, "s": 8, "t": 4}}
 

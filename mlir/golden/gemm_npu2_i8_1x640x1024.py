@@ -2,13 +2,11 @@
 # regenerate with `python mlir/build.py`. Requires mlir-aie (IRON); prints the MLIR module.
 # Schedule: gemm npu2 i8->i16 [M=1,K=640,N=1024] tile[m=8,k=128,n=64,r=8,s=8,t=8,M_pad=8,N_pad=1024] 8x1 cores
 import numpy as np
-from ml_dtypes import bfloat16
-
+from aie.helpers.taplib import TensorTiler2D
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import NPU2, Tile
 from aie.iron.placers import SequentialPlacer
-from aie.helpers.taplib import TensorTiler2D
 
 SCHEDULE = {"columns": 8, "device": "npu2", "dtype_in": "i8", "dtype_out": "i16", "fifos": [["A_L3L2", [8, 128], "i8", 2], ["A_L2L1", [8, 128], "i8", 2], ["B_L3L2", [128, 64], "i8", 2], ["B_L2L1", [128, 64], "i8", 2], ["C_L1L2", [8, 64], "i16", 2], ["C_L2L3", [8, 64], "i16", 2]], "kernels": ["matmul_i8_i16_b_col_maj", "zero_i16", "mm_8x128x64.o"], "op": "gemm", "problem": {"K": 640, "M": 1, "N": 1024}, "rows": 1, "tile": {"M_pad": 8, "N_pad": 1024, "k": 128, "m": 8, "n": 64, "r": 8, "s": 8, "t": 8}}
 

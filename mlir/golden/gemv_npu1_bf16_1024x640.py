@@ -2,13 +2,12 @@
 # regenerate with `python mlir/build.py`. Requires mlir-aie (IRON); prints the MLIR module.
 # Schedule: gemv npu1 bf16->f32 [N=1024,K=640] tile[m=32,k=160,N_pad=1024] 4x4 cores
 import numpy as np
-from ml_dtypes import bfloat16
-
+from aie.helpers.taplib import TensorTiler2D
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
-from aie.helpers.taplib import TensorTiler2D
+from ml_dtypes import bfloat16
 
 SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "f32", "fifos": [["W_L3L2", [128, 160], "bf16", 2], ["W_L2L1", [32, 160], "bf16", 2], ["x_L3L2", [160], "bf16", 2], ["x_L2L1", [160], "bf16", 2], ["y_L1L2", [32], "f32", 2], ["y_L2L3", [128], "f32", 2]], "kernels": ["matvec_vectorized_bf16_f32", "zero_vectorized_f32", "mv_32x160.o"], "op": "gemv", "problem": {"K": 640, "N": 1024}, "rows": 4, "tile": {"N_pad": 1024, "k": 160, "m": 32}}
 

@@ -2,13 +2,12 @@
 # regenerate with `python mlir/build.py`. Requires mlir-aie (IRON); prints the MLIR module.
 # Schedule: rmsnorm npu1 bf16->bf16 [R=1,L=640] tile[rows_per_call=1] 1x4 cores
 import numpy as np
-from ml_dtypes import bfloat16
-
+from aie.helpers.taplib import TensorTiler2D
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
-from aie.helpers.taplib import TensorTiler2D
+from ml_dtypes import bfloat16
 
 SCHEDULE = {"columns": 1, "device": "npu1", "dtype_in": "bf16", "dtype_out": "bf16", "fifos": [["in_L3L1", [1, 640], "bf16", 2], ["out_L1L3", [1, 640], "bf16", 2], ["w_L3L1", [640], "bf16", 1]], "kernels": ["rms_norm_eps", "eltwise_mul_bf16_vector", "rms_norm.o", "mul.o"], "op": "rmsnorm", "problem": {"L": 640, "R": 1}, "rows": 4, "tile": {"rows_per_call": 1}}
 
@@ -49,8 +48,8 @@ def design():
     per_core = calls * rows_per_call * L
     taps = TensorTiler2D.simple_tiler((n_cores, per_core), (1, per_core))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]], w_ty,
-                     np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]) as (X, W, Y):
+    x_ty = np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]
+    with rt.sequence(x_ty, w_ty, x_ty) as (X, W, Y):
         rt.start(*workers)
         for c in range(n_cols):
             rt.fill(w_in[c].prod(), W)

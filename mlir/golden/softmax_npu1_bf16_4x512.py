@@ -2,13 +2,12 @@
 # regenerate with `python mlir/build.py`. Requires mlir-aie (IRON); prints the MLIR module.
 # Schedule: softmax npu1 bf16->bf16 [R=4,L=512] tile[rows_per_call=1] 4x4 cores
 import numpy as np
-from ml_dtypes import bfloat16
-
+from aie.helpers.taplib import TensorTiler2D
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
-from aie.helpers.taplib import TensorTiler2D
+from ml_dtypes import bfloat16
 
 SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "bf16", "fifos": [["in_L3L1", [1, 512], "bf16", 2], ["out_L1L3", [1, 512], "bf16", 2]], "kernels": ["softmax_bf16", "softmax.o"], "op": "softmax", "problem": {"L": 512, "R": 4}, "rows": 4, "tile": {"rows_per_call": 1}}
 
@@ -22,7 +21,6 @@ def design():
     n_cores = n_cols * n_rows
     calls = -(-R // (rows_per_call * n_cores))
     row_ty = np.ndarray[(rows_per_call * L,), np.dtype[bfloat16]]
-    w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
     softmax = Kernel("softmax_bf16", "softmax.o", [row_ty, row_ty, np.int32])
 
     def core_fn(of_x, of_y, softmax):
@@ -44,10 +42,10 @@ def design():
     per_core = calls * rows_per_call * L
     taps = TensorTiler2D.simple_tiler((n_cores, per_core), (1, per_core))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]], w_ty,
-                     np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]) as (X, W, Y):
+    x_ty = np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]
+    with rt.sequence(x_ty, x_ty) as (X, Y):
         rt.start(*workers)
-        pass  # no weight
+        # no weight
         for i in range(n_cores):
             rt.fill(x_in[i].prod(), X, taps[i])
             rt.drain(y_out[i].cons(), Y, taps[i], wait=True)

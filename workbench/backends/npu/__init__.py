@@ -25,21 +25,14 @@ from ..base import Backend, BackendUnavailableError, DeviceInfo, OpObserver, Ste
 from ..numpy_ref import KERNELS as HOST_KERNELS
 from ..numpy_ref import NumpyBackend
 from . import xrt
-from .arch import NPU_DEVICES, AieArray, get_array
+from .arch import NPU_DEVICES, get_array
 from .cost import estimate
 from .emulator import kernels as emu
 from .emulator.numerics import F32, quantize_rows_i8, srs_shift, to_bf16
-from .schedule import Schedule, plan_attention, plan_gemm, plan_gemv, plan_rowwise
+from .schedule import Schedule, matmul_schedule, plan_attention, plan_rowwise
 
 NPU_KINDS = ("matmul", "rmsnorm", "attention")
 DTYPES = {"bf16": "bf16", "int8": "i8"}
-
-
-def matmul_schedule(array: AieArray, rows: int, n_out: int, k_in: int, dtype: str) -> Schedule:
-    """GEMV (mv.cc) for a single bf16 row (decode), GEMM (mm.cc) otherwise: int8 rows pad to the MAC tile."""
-    if rows == 1 and dtype != "i8":
-        return plan_gemv(array, n_out, k_in, dtype)
-    return plan_gemm(array, rows, k_in, n_out, dtype)
 
 
 class NpuBackend(Backend):

@@ -23,14 +23,12 @@ HEADER = """\
 # regenerate with `python mlir/build.py`. Requires mlir-aie (IRON); prints the MLIR module.
 # Schedule: {summary}
 import numpy as np
-from ml_dtypes import bfloat16
-
+from aie.helpers.taplib import TensorTiler2D
 from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import {device_class}, Tile
 from aie.iron.placers import SequentialPlacer
-from aie.helpers.taplib import TensorTiler2D
-
+{bf16_import}
 SCHEDULE = {schedule_json}
 """
 
@@ -193,7 +191,8 @@ def design():
 def _rowwise(s: Schedule) -> str:
     rpc, length = s.tile["rows_per_call"], s.problem["L"]
     if s.op == "rmsnorm":
-        kernels = """rms = Kernel("rms_norm_eps", "rms_norm.o", [row_ty, row_ty, np.int32, np.float32])
+        kernels = """w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
+    rms = Kernel("rms_norm_eps", "rms_norm.o", [row_ty, row_ty, np.int32, np.float32])
     mul = Kernel("eltwise_mul_bf16_vector", "mul.o", [row_ty, w_ty, row_ty])
     w_in = [ObjectFifo(w_ty, name=f"w_L3L1_{c}", default_depth=1) for c in range(n_cols)]
 
@@ -211,6 +210,7 @@ def _rowwise(s: Schedule) -> str:
         return [x.cons(), y.prod(), w_in[c].cons(), rms, mul]
 """
         fill_w = "for c in range(n_cols):\n            rt.fill(w_in[c].prod(), W)"
+        tensors, names = "x_ty, w_ty, x_ty", "X, W, Y"
     else:
         kernels = """softmax = Kernel("softmax_bf16", "softmax.o", [row_ty, row_ty, np.int32])
 
@@ -224,7 +224,8 @@ def _rowwise(s: Schedule) -> str:
     def args(c, x, y):
         return [x.cons(), y.prod(), softmax]
 """
-        fill_w = "pass  # no weight"
+        fill_w = "# no weight"
+        tensors, names = "x_ty, x_ty", "X, Y"
     return f"""
 EPS = 1e-6  # epsilon of the model's RMSNorm (runtime parameter of rms_norm_eps)
 
@@ -236,7 +237,6 @@ def design():
     n_cores = n_cols * n_rows
     calls = -(-R // (rows_per_call * n_cores))
     row_ty = np.ndarray[(rows_per_call * L,), np.dtype[bfloat16]]
-    w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
     {kernels}
     x_in, y_out, workers = [], [], []
     for c in range(n_cols):
@@ -247,8 +247,8 @@ def design():
     per_core = calls * rows_per_call * L
     taps = TensorTiler2D.simple_tiler((n_cores, per_core), (1, per_core))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]], w_ty,
-                     np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]) as (X, W, Y):
+    x_ty = np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]
+    with rt.sequence({tensors}) as ({names}):
         rt.start(*workers)
         {fill_w}
         for i in range(n_cores):
@@ -271,7 +271,8 @@ def design():
     q_tiles = -(-T // q_tile)
     items = n_kv * splits * q_tiles
     items_per_core = -(-items // n_cores)
-    chunks = -(-(-(-S // splits)) // chunk)
+    keys_per_split = -(-S // splits)
+    chunks = -(-keys_per_split // chunk)
     q_ty = np.ndarray[(q_tile * group, d), np.dtype[bfloat16]]
     kv_ty = np.ndarray[(chunk, d), np.dtype[bfloat16]]
     o_ty = np.ndarray[(q_tile * group, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
@@ -304,14 +305,14 @@ def design():
     rt = Runtime()
     with rt.sequence(np.ndarray[(T * n_kv * group * d,), np.dtype[bfloat16]],
                      np.ndarray[(S * n_kv * d,), np.dtype[bfloat16]], np.ndarray[(S * n_kv * d,), np.dtype[bfloat16]],
-                     np.ndarray[(items * q_tile * group * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, O):
+                     np.ndarray[(items * q_tile * group * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, Out):
         rt.start(*workers)
         for i in range(min(items, n_cores)):
             q, kf, vf, of = fifos[i]
             rt.fill(q.prod(), Q)
             rt.fill(kf.prod(), K, kv_taps[i % len(kv_taps)])
             rt.fill(vf.prod(), V, kv_taps[i % len(kv_taps)])
-            rt.drain(of.cons(), O, wait=True)
+            rt.drain(of.cons(), Out, wait=True)
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())
 """
 
@@ -342,6 +343,7 @@ def design_source(s: Schedule) -> str:
     head = HEADER.format(
         summary=summary(s),
         device_class=DEVICE_CLASS[s.device],
+        bf16_import="from ml_dtypes import bfloat16\n" if "bfloat16" in body else "",
         schedule_json=json.dumps(sched, sort_keys=True),
     )
     return head + textwrap.dedent(body) + FOOTER
@@ -352,7 +354,7 @@ def model_schedules(
 ) -> list[Schedule]:
     """The distinct schedules one model's decode step and a ``prompt_tokens`` prefill step need."""
     from .arch import get_array
-    from .schedule import plan_attention, plan_gemm, plan_gemv, plan_rowwise
+    from .schedule import matmul_schedule, plan_attention, plan_rowwise
 
     a, dt = get_array(device), {"bf16": "bf16", "int8": "i8", "i8": "i8"}[dtype]
     c = config
@@ -362,7 +364,7 @@ def model_schedules(
                 (c.hidden, c.ffn), (c.vocab_size, c.hidden)]  # fmt: skip
         for n, k in mats:
             rows = 1 if (n, k) == (c.vocab_size, c.hidden) else t  # logits for the last row only
-            s = plan_gemv(a, n, k, dt) if rows == 1 and dt != "i8" else plan_gemm(a, rows, k, n, dt)
+            s = matmul_schedule(a, rows, n, k, dt)
             out.setdefault(design_name(s), s)
         for r, length in ((t, c.hidden), (t * c.n_heads, c.head_dim), (t * c.n_kv_heads, c.head_dim)):
             s = plan_rowwise(a, "rmsnorm", r, length)

@@ -321,6 +321,13 @@ def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
     return _best(cands, array, f"gemv {N}x{K} {dtype}")
 
 
+def matmul_schedule(array: AieArray, rows: int, n_out: int, k_in: int, dtype: str) -> Schedule:
+    """GEMV (mv.cc) for a single bf16 row (decode), GEMM (mm.cc) otherwise: int8 rows pad to the MAC tile."""
+    if rows == 1 and dtype != "i8":
+        return plan_gemv(array, n_out, k_in, dtype)
+    return plan_gemm(array, rows, k_in, n_out, dtype)
+
+
 def rowwise_schedule(
     array: AieArray, op: str, R: int, L: int, dtype: str, rows_per_call: int, columns: int, with_weight: bool
 ) -> Schedule:
