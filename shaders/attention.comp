@@ -3,13 +3,16 @@
 // with an online softmax over tiles of SK keys. Grid: (n_split, n_kv_heads, T): a workgroup serves one
 // query token and the G query heads of one KV head, over one range of keys. With n_split == 1 it covers all
 // keys of its query and writes the output; otherwise ("flash decoding") split s covers split_keys keys and
-// writes unnormalized partials (acc[hd], max, sum) that attn_combine.comp merges.
+// writes unnormalized partials (acc[hd], max, sum) that attn_combine.comp merges, or, with FUSED_COMBINE, the
+// last workgroup of a query to finish (an atomic counter per (token, KV head) in the arena, reset by it) merges.
 // Per tile: each subgroup scores keys (its lanes read one key row together, coalesced; dot by subgroupAdd),
 // one subgroup per head updates the running max/sum, then every thread accumulates its output dims.
 // Cache slots: position p lives in slot p (global layers) or p % ring (sliding layers).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
+#include "attn_merge.glsl"
+layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
@@ -31,11 +34,13 @@ layout(push_constant) uniform PC {
     uint ring, window, v_off, part_off;
     uint n_split, split_keys;
     float scale;
+    uint cnt_off;
 } pc;
 
 shared float sc[G * SK];      // scores, then probabilities, of the tile
 shared uint slots[SK];
 shared float m_run[G], l_run[G], alpha[G];
+shared bool last_split;
 
 void main() {
     uint tid = gl_LocalInvocationID.x, lane = gl_SubgroupInvocationID, warp = gl_SubgroupID;
@@ -128,12 +133,30 @@ void main() {
             uint base = pc.part_off + ((t * pc.n_split + s) * pc.n_heads + h) * (HD + 2u);
             [[unroll]] for (uint i = 0u; i < DPT; ++i) {
                 uint d = tid + i * WG;
-                if (d < HD) act[base + d] = acc[g][i];
+                if (d < HD) actc[base + d] = acc[g][i];
             }
             if (tid == 0u) {
-                act[base + HD] = m_run[g];
-                act[base + HD + 1u] = l_run[g];
+                actc[base + HD] = m_run[g];
+                actc[base + HD + 1u] = l_run[g];
             }
         }
     }
+#ifdef FUSED_COMBINE
+    if (pc.n_split == 1u) return;
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+        uint c = pc.cnt_off + t * pc.n_kv + kvh;
+        last_split = atomicAdd(actu[c], 1u) == pc.n_split - 1u;
+        if (last_split) actu[c] = 0u;  // ready for the next step
+    }
+    barrier();
+    if (!last_split) return;
+    memoryBarrierBuffer();
+    uint used = splits_used(p, pc.window, pc.split_keys, pc.n_split);
+    for (uint g = 0u; g < G; ++g) {
+        uint h = kvh * G + g;
+        merge_head(pc.part_off, pc.n_split, pc.n_heads, HD, t, h, used, pc.o_off + t * pc.o_stride + h * HD, tid, WG);
+    }
+#endif
 }

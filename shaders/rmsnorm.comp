@@ -2,7 +2,8 @@
 // RMSNorm over groups of `width` values of each token row: y = x * inv_rms(x) * w (w already 1 + w).
 // Grid: (groups per row, T). Variants: ADD (y = r + norm(x) * w, the post-norm residual add),
 // ROPE (rotate-half RoPE of each group after the norm, inverse frequencies in smalls at freq_off),
-// NO_NORM (with ROPE: RoPE alone).
+// NO_NORM (with ROPE: RoPE alone), KV_OUT (with ROPE: the rotated keys go straight into the layer's KV cache
+// at the token's slot, and the step's values of the same head are copied there too: no separate store).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -14,6 +15,8 @@ layout(push_constant) uniform PC {
     uint r_off, r_stride, width, w_off;
     uint freq_off;
     float eps;
+    uint v_src, v_stride, kv_dim, ring;
+    uint window, v_off;
 } pc;
 
 shared float red[WG];
@@ -48,6 +51,15 @@ void main() {
 #ifdef ROPE
     uint half_w = pc.width / 2u;
     float pos = float(p_pos(t));
+#ifdef KV_OUT
+    uint slot = pc.window > 0u ? p_pos(t) % pc.ring : p_pos(t);
+    uint kb = slot * pc.kv_dim + g * pc.width;
+    uint vs = pc.v_src + t * pc.v_stride + g * pc.width;
+    for (uint i = tid; i < pc.width; i += WG) kv[pc.v_off + kb + i] = act[vs + i];
+#define STORE(i, v) kv[kb + (i)] = (v)
+#else
+#define STORE(i, v) act[yb + (i)] = (v)
+#endif
     for (uint i = tid; i < half_w; i += WG) {
         float a = act[xb + i] * inv, b = act[xb + i + half_w] * inv;
 #ifndef NO_NORM
@@ -55,8 +67,8 @@ void main() {
         b *= smalls[pc.w_off + i + half_w];
 #endif
         vec2 cs = cos_sin(pos * smalls[pc.freq_off + i]);
-        act[yb + i] = a * cs.x - b * cs.y;
-        act[yb + i + half_w] = b * cs.x + a * cs.y;
+        STORE(i, a * cs.x - b * cs.y);
+        STORE(i + half_w, b * cs.x + a * cs.y);
     }
 #else
     for (uint i = tid; i < pc.width; i += WG) {

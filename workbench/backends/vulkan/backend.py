@@ -212,6 +212,7 @@ class VulkanBackend(Backend):
         region = None if greedy else (offsets[logits], int(np.prod(graph.tensors[logits].shape)))
         prog = Recorded(self.dev, self.pipes, dispatches, total, self.params, self.smalls, self.dummy, region,
                         self.timestamps)  # fmt: skip
+        self.transfers.upload(prog.arena, np.zeros(total, np.float32))  # atomic counters start at zero
         self.programs[key] = prog
         while len(self.programs) > MAX_PROGRAMS:
             _, old = self.programs.popitem(last=False)

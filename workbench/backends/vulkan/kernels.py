@@ -77,6 +77,7 @@ KERNELS: dict[str, KernelSpec] = {
             "n_split",
             "split_keys",
             "scale:f",
+            "cnt_off",
         ),
         (("wg", 0),),
     ),
@@ -98,6 +99,12 @@ KERNELS: dict[str, KernelSpec] = {
             "w_off",
             "freq_off",
             "eps:f",
+            "v_src",
+            "v_stride",
+            "kv_dim",
+            "ring",
+            "window",
+            "v_off",
         ),
         (("wg", 0),),
     ),
@@ -122,7 +129,10 @@ PROGRAM_TUNABLES = {
     "matvec.max_tokens": 8,
     "matmul.coop": 1,
     "matvec.norm_rows": 65536,
+    "attention.fused_combine": 1,
+    "attention.kv_in_rope": 1,
 }
+SWITCHES = ("matmul.coop", "attention.fused_combine", "attention.kv_in_rope")  # 0 or 1
 
 
 class Tuning:
@@ -133,12 +143,12 @@ class Tuning:
         wide = max(32, sg)
         self.values: dict[str, int] = {
             "matvec.wg": max(128, wide),
-            "matvec.row_threads": min(16, wide),
+            "matvec.row_threads": 2 * wide,
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
             "matmul.tn": 4,
-            "matmul_coop.wg": 4 * sg,
+            "matmul_coop.wg": (8 if feats.coopmat_f16 else 4) * sg,
             "matmul_coop.wm": 2,
             "matmul_coop.tm": 2,
             "matmul_coop.tn": 2,
@@ -174,7 +184,9 @@ class Tuning:
         v, sg = self.values, f.subgroup_size
         errors = []
         for key, val in v.items():
-            if val < 1:
+            if key in SWITCHES and val not in (0, 1):
+                errors.append(f"{key}={val} must be 0 or 1")
+            elif val < 1 and key not in SWITCHES:
                 errors.append(f"{key}={val} must be positive")
             if key.endswith(".wg") and (val > f.max_invocations or val > f.max_workgroup_size[0]):
                 errors.append(
@@ -205,7 +217,8 @@ class Tuning:
             errors.append(
                 f"matmul tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"
             )
-        errors += _coop_errors(v, f)
+        if f.coopmat_f16:
+            errors += _coop_errors(v, f)
         if v["argmax.wg"] & (v["argmax.wg"] - 1):
             errors.append("argmax.wg must be a power of two")
         if not 1 <= v["matvec.max_tokens"] <= 8:
@@ -247,8 +260,9 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
         f = f"FMT_{fmt}"
         out += [("matvec", (f,)), ("matvec", (f, "NORM")), ("matvec", (f, "GELU_PAIR", "NORM")),
                 ("matvec", (f, "GELU_PAIR")), ("matmul", (f,)), ("matmul_coop", (f,)), ("embed", (f,))]  # fmt: skip
-    out += [("attention", ()), ("attn_combine", ()), ("kv_store", ())]
-    out += [("rmsnorm", ()), ("rmsnorm", ("ADD",)), ("rmsnorm", ("ROPE",)), ("rmsnorm", ("NO_NORM", "ROPE"))]
+    out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
+    out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]
+    out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",), ("KV_OUT",), ("KV_OUT", "NO_NORM"))]
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]
     return out

@@ -69,6 +69,7 @@ class Builder:
     dispatches: list[Dispatch] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)  # tensor -> floats
     widths: dict[str, int] = field(default_factory=dict)
+    pinned: set[str] = field(default_factory=set)  # tensors kept for the whole program (atomic counters)
 
     def __post_init__(self) -> None:
         for name, spec in self.graph.tensors.items():
@@ -165,7 +166,8 @@ class Builder:
         push = dict(x_off=Ref(x), x_stride=self.widths[x], y_off=Ref(y), y_stride=self.widths[y],
                     r_off=Ref(residual) if residual else 0, r_stride=self.widths[x], width=width,
                     w_off=b.small_offset(wname) if wname else 0,
-                    freq_off=b.rope_offset(rope) if rope is not None else 0, eps=eps)  # fmt: skip
+                    freq_off=b.rope_offset(rope) if rope is not None else 0, eps=eps, v_src=0, v_stride=0,
+                    kv_dim=0, ring=0, window=0, v_off=0)  # fmt: skip
         reads = [x] + ([residual] if residual else [])
         self.add(op, "rmsnorm", push, (per_row, self.rows(x), 1), reads, [y], defines)
 
@@ -204,9 +206,10 @@ class Builder:
             )
         kvres = f"kv:{op.layer}"
         kvd = layer.kv_dim
-        self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
-                 v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off),
-                 (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k, v, "params"], [kvres], kv=layer.buffer)  # fmt: skip
+        if not self._store_in_rope(op, k, v, kvres, layer, window):
+            self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
+                     v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off),
+                     (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k, v, "params"], [kvres], kv=layer.buffer)  # fmt: skip
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
         sg = b.dev.features.subgroup_size
         if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"] or hd > 64 * sg:
@@ -217,17 +220,43 @@ class Builder:
         part = (
             self.tmp(f"{op.name}:partials", 1, t * max(n_split, 1) * nh * (hd + 2)) if n_split > 1 else None
         )
-        target = part if part else out
+        fused_combine = part is not None and b.tuning["attention.fused_combine"]
+        counters = self.tmp(f"{op.name}:counters", 1, t * nkv) if fused_combine else None
+        if counters:
+            self.pinned.add(counters)
         push = dict(q_off=Ref(q), q_stride=self.widths[q], o_off=Ref(out), o_stride=self.widths[out], n_heads=nh,
                     n_kv=nkv, hd=hd, kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
                     part_off=Ref(part) if part else 0, n_split=n_split, split_keys=sk if n_split > 1 else max_keys,
-                    scale=a["scale"])  # fmt: skip
-        self.add(op, "attention", push, (n_split, nkv, t), [q, kvres, "params"], [target],
+                    scale=a["scale"], cnt_off=Ref(counters) if counters else 0)  # fmt: skip
+        writes = [out] if not part else ([part, out, counters] if fused_combine else [part])
+        self.add(op, "attention", push, (n_split, nkv, t), [q, kvres, "params"], writes,
+                 ["FUSED_COMBINE"] if fused_combine else [],
                  spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size)], kv=layer.buffer)  # fmt: skip
-        if part:
+        if part and not fused_combine:
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
                         n_split=n_split, window=window, split_keys=sk)  # fmt: skip
             self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out])
+
+    def _store_in_rope(self, op: Op, k: str, v: str, kvres: str, layer, window: int) -> bool:
+        """Let the RoPE dispatch that produced the keys write them (and the values) into the cache, when the
+        keys feed nothing but this attention op; False when a separate kv_store is needed."""
+        if not self.backend.tuning["attention.kv_in_rope"]:
+            return False
+        readers = [o for o in self.graph.ops if k in o.inputs]
+        if any(o is not op and op not in o.attrs.get("parts", ()) for o in readers):
+            return False
+        rope = next((d for d in reversed(self.dispatches) if k in d.writes), None)
+        if rope is None or rope.kernel != "rmsnorm" or "ROPE" not in rope.defines or rope.kv is not None:
+            return False
+        if self.widths[v] != self.widths[k] or rope.push["width"] != op.attrs["head_dim"]:
+            return False
+        rope.defines = (*rope.defines, "KV_OUT")
+        rope.push.update(y_off=0, v_src=Ref(v), v_stride=self.widths[v], kv_dim=layer.kv_dim, ring=layer.slots,
+                         window=window, v_off=layer.v_off)  # fmt: skip
+        rope.reads = (*rope.reads, v, "params")
+        rope.writes = (kvres,)
+        rope.kv = layer.buffer
+        return True
 
     def argmax(self, logits: str) -> None:
         op = Op("argmax", "argmax", (logits,), ())
@@ -293,12 +322,13 @@ class Builder:
         return a.fmt == b.fmt and len(a.parts) == len(b.parts) == 1
 
     def build(self) -> tuple[list[Dispatch], dict[str, int], int]:
+        """(dispatches, arena offsets, arena floats); pinned tensors must be zeroed once before the first run."""
         for op in self.graph.ops:
             self.emit(op)
         logits = self.graph.outputs[0]
         if self.greedy:
             self.argmax(logits)
-        offsets, total = self.layout(keep={logits})
+        offsets, total = self.layout(keep={logits} | self.pinned)
         self.place_barriers()
         for d in self.dispatches:
             for key, val in d.push.items():
@@ -317,6 +347,8 @@ class Builder:
                     last[t] = i
         for t in keep:
             last[t] = len(self.dispatches)
+        for t in self.pinned:
+            first[t] = -1
         free: list[tuple[int, int]] = []  # (offset, size)
         live: list[tuple[int, str]] = []
         offsets: dict[str, int] = {}
