@@ -16,6 +16,7 @@ from ..ops import reference as ref
 from ..ops.graph import Graph, Op
 from ..quant.planar import matmul_input
 from ..runtime.kv_cache import KVCache
+from ..sparsity.ffn import sparse_ffn
 from .base import Backend, DeviceInfo, OpObserver, Step
 
 Env = dict[str, np.ndarray]
@@ -83,6 +84,12 @@ def _softcap(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     env[op.outputs[0]] = ref.softcap(env[op.inputs[0]], op.attrs["cap"])
 
 
+def _sparse_ffn(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    tensors = [b.model.weights[w] for w in op.weights]
+    env[op.outputs[0]] = sparse_ffn(env[op.inputs[0]], *(b.weight(w) for w in op.weights), tensors,
+                                    op.attrs["method"], op.attrs["target"])  # fmt: skip
+
+
 def _fused(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     """A fused op (see :mod:`workbench.ops.fusion`) runs as its parts: that is its reference semantics."""
     for part in op.attrs["parts"]:
@@ -103,6 +110,7 @@ KERNELS: dict[str, Kernel] = {
     "add": _add,
     "gather_rows": _gather_rows,
     "softcap": _softcap,
+    "sparse_ffn": _sparse_ffn,
 }
 
 

@@ -31,6 +31,7 @@ from . import kernels as k
 from . import matvec as mv
 from . import qformats as qf
 from . import rows as rk
+from . import sparse as sp
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
 Env = dict[str, np.ndarray]
@@ -224,7 +225,10 @@ class CpuBackend(Backend):
 
     def project(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         """``x @ W.T`` for each weight: fused matvec for few rows, dequantized BLAS GEMM for many."""
-        ws = [self.weights[n] for n in names]
+        return self.project_weights(x, [self.weights[n] for n in names])
+
+    def project_weights(self, x: np.ndarray, ws: list) -> list[np.ndarray]:
+        """:meth:`project` for weight objects (also row subsets that have no name in ``self.weights``)."""
         if any(w.fmt == qf.PLANAR_FMT for w in ws):
             return qf.project(self, x, ws)
         if self.batch_min_rows <= x.shape[0] <= self.batch_rows and all(w.fmt >= 0 for w in ws):
@@ -306,7 +310,7 @@ def _cache_misses() -> int:
 
 _DISPATCHERS = [
     getattr(m, n)
-    for m in (k, mv, qf, rk)
+    for m in (k, mv, qf, sp, rk)
     for n in dir(m)
     if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
 ]
@@ -462,4 +466,5 @@ HANDLERS: dict[str, Handler] = {
     "rmsnorm_matmul_gelu": _rmsnorm_matmul_gelu,
     "rmsnorm_rope": _rmsnorm_rope,
     "matmul_rmsnorm_add": _matmul_rmsnorm_add,
+    **sp.HANDLERS,
 }

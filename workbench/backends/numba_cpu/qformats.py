@@ -234,7 +234,7 @@ def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
     outs = []
     for w in ws:
         if not isinstance(w, PlanarWeight):
-            outs.append(b.project(x, (w.name,))[0])
+            outs.extend(b.project_weights(x, [w]))
         elif x.shape[0] > b.gemv_max_rows:
             outs.append(b._gemm(fake_quant_rows_int8(x) if w.format.act8 else x, w))
         else:

@@ -1,0 +1,40 @@
+"""N:M weight sparsity by magnitude pruning: in every M consecutive inputs of a row, keep the N largest |w|."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..models.weights import Weights
+from ..quant.planar import FormatError, PlanarFormat, make_planar
+from ..quant.requant import source_name
+from .spec import NMSparsity
+
+
+def prune_nm(w: np.ndarray, n: int, m: int, what: str = "tensor") -> np.ndarray:
+    """``w`` (rows, cols) with all but the ``n`` largest magnitudes of each ``m`` inputs set to zero."""
+    rows, cols = w.shape
+    if cols % m:
+        raise FormatError(f"{what}: N:M {n}:{m} does not divide the input dimension {cols} (not a multiple of {m})")
+    g = w.reshape(rows, cols // m, m)
+    drop = np.argsort(np.abs(g), axis=2, kind="stable")[:, :, : m - n]
+    out = g.copy()
+    np.put_along_axis(out, drop, 0.0, axis=2)
+    return out.reshape(rows, cols)
+
+
+def prune_weights(weights: Weights, spec: NMSparsity, n_layers: int) -> tuple[Weights, int]:
+    """The weights with the selected layer matmuls pruned (stored fp32, exact); and how many were pruned."""
+    tensors = dict(weights.items())
+    count = 0
+    for layer in range(n_layers):
+        if spec.layers is not None and layer not in spec.layers:
+            continue
+        for kind in spec.kinds:
+            name = f"blk.{layer}.{kind}.weight"
+            src = weights[name]
+            w = src.dequantize().reshape(src.rows, src.cols)
+            note = f"{source_name(src)} pruned {spec.n}:{spec.m}"
+            tensors[name] = make_planar(name, prune_nm(w, spec.n, spec.m, name), PlanarFormat("fp32"), note)
+            count += 1
+    return Weights(tensors, weights.source), count
+

@@ -1,0 +1,107 @@
+"""Sparsity specs: what to make sparse, how much, and in which layers.
+
+Comma-separated items (``none`` for nothing)::
+
+    ffn-topk=0.9          FFN activation top-k: keep the 10% largest |gelu(gate)| per token, every layer
+    ffn-stat=0.95@0-9     Gemma 3n statistical top-k on layers 0..9: keep gate > mean + k*std, k = Phi^-1(0.95)
+    nm=2:4                N:M magnitude pruning of the layer weights (2 of every 4 along the input dim)
+    nm=2:4@ffn            ... of the FFN weights only (also attn, or one kind such as ffn_down)
+    attn-window=128       every attention layer local with a 128-token window (global layers included)
+
+Targets are fractions in [0, 1); layer lists as in quant specs (``N``, ``N-M`` joined by ``+``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..quant.spec import GROUPS, LAYER_KINDS, SpecError, _parse_layers
+
+FFN_METHODS = ("topk", "stat")
+
+
+@dataclass(frozen=True)
+class FfnSparsity:
+    method: str  # topk | stat
+    target: float  # fraction of FFN activations set to zero
+    layers: frozenset[int] | None  # None: every layer
+
+    def applies(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+
+@dataclass(frozen=True)
+class NMSparsity:
+    n: int
+    m: int
+    kinds: tuple[str, ...]
+    layers: frozenset[int] | None
+
+
+@dataclass(frozen=True)
+class SparsitySpec:
+    text: str
+    ffn: FfnSparsity | None = None
+    nm: NMSparsity | None = None
+    attn_window: int = 0
+
+    @property
+    def is_dense(self) -> bool:
+        return self.ffn is None and self.nm is None and not self.attn_window
+
+
+def check_fraction(value: float, what: str) -> float:
+    if not 0.0 <= value < 1.0:
+        raise SpecError(f"{what}: sparsity {value} is outside [0, 1)")
+    return value
+
+
+def parse_sparsity(text: str | None, n_layers: int | None = None) -> SparsitySpec:
+    """Parse a sparsity spec (see the module docstring); ``n_layers`` checks layer numbers when given."""
+    text = (text or "none").strip()
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if items in ([], ["none"]):
+        return SparsitySpec("none")
+    ffn = nm = None
+    window = 0
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError(f"sparsity item {item!r} is not NAME=VALUE (e.g. ffn-topk=0.9, nm=2:4, attn-window=128)")
+        value, _, layer_text = value.partition("@")
+        key = key.strip()
+        if key.startswith("ffn-"):
+            method = key[4:]
+            if method not in FFN_METHODS:
+                raise SpecError(f"sparsity item {item!r}: unknown FFN method {method!r} (use ffn-topk or ffn-stat)")
+            try:
+                target = float(value)
+            except ValueError:
+                raise SpecError(f"sparsity item {item!r}: {value!r} is not a number") from None
+            layers = _parse_layers(layer_text, n_layers, item) if layer_text else None
+            ffn = FfnSparsity(method, check_fraction(target, f"sparsity item {item!r}"), layers)
+        elif key == "nm":
+            m = re.fullmatch(r"(\d+):(\d+)", value.strip())
+            if not m or not 0 < int(m.group(1)) < int(m.group(2)):
+                raise SpecError(f"sparsity item {item!r}: N:M needs 0 < N < M, e.g. nm=2:4")
+            kinds, layers = LAYER_KINDS, None
+            first, _, rest = layer_text.partition("@")
+            if re.fullmatch(r"[\d+\-]+", first):
+                layers = _parse_layers(first, n_layers, item)
+            elif first:
+                kinds = GROUPS.get(first, (first,))
+                if any(k not in LAYER_KINDS for k in kinds):
+                    raise SpecError(f"sparsity item {item!r}: unknown weights {first!r} (attn, ffn or a layer weight)")
+                layers = _parse_layers(rest, n_layers, item) if rest else None
+            nm = NMSparsity(int(m.group(1)), int(m.group(2)), tuple(kinds), layers)
+        elif key == "attn-window":
+            try:
+                window = int(value)
+            except ValueError:
+                raise SpecError(f"sparsity item {item!r}: the window must be a whole number of tokens") from None
+            if window < 1:
+                raise SpecError(f"sparsity item {item!r}: the window must be >= 1 token")
+        else:
+            raise SpecError(f"unknown sparsity item {item!r} (use ffn-topk, ffn-stat, nm, attn-window)")
+    return SparsitySpec(text, ffn, nm, window)
