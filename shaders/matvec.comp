@@ -4,10 +4,20 @@
 // Variants: NORM (RMSNorm of x fused in: x * inv_rms(x) * nw), GELU_PAIR (second weight `up` in binding 5:
 // y = gelu(W x) * (U x)). ROW_THREADS threads share a row (a power of two; below the subgroup size their sum
 // is a shuffle butterfly, above it subgroupAdd then shared memory); WG / ROW_THREADS rows per workgroup.
+// POST_NORM_ADD: the last workgroup to finish (an atomic counter in the arena, reset by it) also computes
+// out = r + rmsnorm(y) * pw over the whole output row (the post-norm residual add of Gemma 3), so that
+// it needs no dispatch of its own.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #include "common.glsl"
+#ifdef POST_NORM_ADD
+layout(binding = 1) coherent buffer ArenaC { float actc[]; };
+layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
+#define Y_STORE actc
+#else
+#define Y_STORE act
+#endif
 #define WBUF w32
 #define DEQ8 deq_a
 #include "quant.glsl"
@@ -34,10 +44,15 @@ layout(push_constant) uniform PC {
     uint x_off, x_stride, y_off, y_stride;
     uint nw_off;
     float eps;
+    uint r_off, r_stride, o_off, o_stride;
+    uint pw_off;
+    float peps;
+    uint cnt_off;
 } pc;
 
 shared float red[WG];
 shared float inv_rms[MAX_T];
+shared bool last_wg;
 
 float row_sum(float v, uint tid, uint r_local, uint lane) {
     // sum over the ROW_THREADS lanes of a row
@@ -122,6 +137,35 @@ void main() {
         float s2 = row_sum(acc2[t], tid, r_local, lane);
         s = gelu_tanh(s) * s2;
 #endif
-        if (lane == 0u && row < pc.N) act[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
+        if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
     }
+#ifdef POST_NORM_ADD
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+        last_wg = atomicAdd(actu[pc.cnt_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+        if (last_wg) actu[pc.cnt_off] = 0u;  // ready for the next step
+    }
+    barrier();
+    if (!last_wg) return;
+    memoryBarrierBuffer();
+    for (uint t = 0u; t < NT; ++t) {
+        uint yb = pc.y_off + t * pc.y_stride;
+        float s = 0.0;
+        for (uint i = tid; i < pc.N; i += WG) {
+            float v = actc[yb + i];
+            s += v * v;
+        }
+        s = subgroupAdd(s);
+        if (subgroupElect()) red[gl_SubgroupID] = s;
+        barrier();
+        float tot = 0.0;
+        for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[i];
+        float inv = 1.0 / sqrt(tot / float(pc.N) + pc.peps);
+        barrier();
+        for (uint i = tid; i < pc.N; i += WG) {
+            actc[pc.o_off + t * pc.o_stride + i] = act[pc.r_off + t * pc.r_stride + i] + actc[yb + i] * inv * smalls[pc.pw_off + i];
+        }
+    }
+#endif
 }

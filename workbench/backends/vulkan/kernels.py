@@ -46,7 +46,27 @@ class KernelSpec:
 KERNELS: dict[str, KernelSpec] = {
     "matvec": KernelSpec(
         "matvec",
-        ("pl:4", "pl2:4", "K", "N", "T", "row0", "x_off", "x_stride", "y_off", "y_stride", "nw_off", "eps:f"),
+        (
+            "pl:4",
+            "pl2:4",
+            "K",
+            "N",
+            "T",
+            "row0",
+            "x_off",
+            "x_stride",
+            "y_off",
+            "y_stride",
+            "nw_off",
+            "eps:f",
+            "r_off",
+            "r_stride",
+            "o_off",
+            "o_stride",
+            "pw_off",
+            "peps:f",
+            "cnt_off",
+        ),
         (("wg", 0), ("row_threads", 1)),
     ),
     "matmul": KernelSpec(
@@ -131,8 +151,9 @@ PROGRAM_TUNABLES = {
     "matvec.norm_rows": 65536,
     "attention.fused_combine": 1,
     "attention.kv_in_rope": 1,
+    "matvec.post_norm": 1,
 }
-SWITCHES = ("matmul.coop", "attention.fused_combine", "attention.kv_in_rope")  # 0 or 1
+SWITCHES = ("matmul.coop", "attention.fused_combine", "attention.kv_in_rope", "matvec.post_norm")  # 0 or 1
 
 
 class Tuning:
@@ -259,7 +280,8 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     for fmt in FORMATS:
         f = f"FMT_{fmt}"
         out += [("matvec", (f,)), ("matvec", (f, "NORM")), ("matvec", (f, "GELU_PAIR", "NORM")),
-                ("matvec", (f, "GELU_PAIR")), ("matmul", (f,)), ("matmul_coop", (f,)), ("embed", (f,))]  # fmt: skip
+                ("matvec", (f, "GELU_PAIR")), ("matvec", (f, "POST_NORM_ADD")), ("matmul", (f,)),
+                ("matmul_coop", (f,)), ("embed", (f,))]  # fmt: skip
     out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
     out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",), ("KV_OUT",), ("KV_OUT", "NO_NORM"))]

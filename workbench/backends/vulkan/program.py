@@ -99,9 +99,10 @@ class Builder:
 
     # -- kernels ---------------------------------------------------------------------------------
     def projection(self, op: Op, x: str, y: str, wname: str, norm: str | None = None, eps: float = 0.0,
-                   up: str | None = None) -> None:  # fmt: skip
+                   up: str | None = None, post: tuple[str, float, str, str] | None = None) -> None:  # fmt: skip
         """y = x @ W.T (matvec for few rows, GEMM otherwise); ``norm``: RMSNorm weight fused into the matvec;
-        ``up``: second weight of a fused gelu(W x) * (U x)."""
+        ``up``: second weight of a fused gelu(W x) * (U x); ``post`` = (norm weight, eps, residual, out):
+        out = residual + rmsnorm(y), done by the matvec's last workgroup."""
         b, w = self.backend, self.backend.weight(wname)
         t = self.rows(x)
         k = self.widths[x]
@@ -114,14 +115,23 @@ class Builder:
             self.rmsnorm(op, x, normed, norm, eps)
             x, norm = normed, None
         w2 = b.weight(up) if up else None
+        counter = self.tmp(f"{op.name}:counter", 1, 1) if post else None
+        if counter:
+            self.pinned.add(counter)
+        pw, peps, res, out = post or (None, 0.0, None, None)
         for i, part in enumerate(w.parts):
             push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, T=t,
                         row0=part.row0, x_off=Ref(x), x_stride=k, y_off=Ref(y), y_stride=self.widths[y],
-                        nw_off=b.small_offset(norm) if norm else 0, eps=eps)  # fmt: skip
+                        nw_off=b.small_offset(norm) if norm else 0, eps=eps, r_off=Ref(res) if res else 0,
+                        r_stride=self.widths[res] if res else 0, o_off=Ref(out) if out else 0,
+                        o_stride=self.widths[out] if out else 0, pw_off=b.small_offset(pw) if pw else 0,
+                        peps=peps, cnt_off=Ref(counter) if counter else 0)  # fmt: skip
             defines = [f"FMT_{w.fmt}"] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
+            defines += ["POST_NORM_ADD"] if post else []
             rows_per_wg = b.tuning["matvec.wg"] // b.tuning["matvec.row_threads"]
             gx, gy = split_groups(-(-part.rows // rows_per_wg))
-            self.add(op, "matvec", push, (gx, gy, 1), [x], [y], defines, [(2, t), (3, k)],
+            reads, writes = ([x, res], [y, out, counter]) if post else ([x], [y])
+            self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, [(2, t), (3, k)],
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
@@ -307,9 +317,14 @@ class Builder:
         elif k == "matmul_rmsnorm_add":
             mm, norm, add = op.attrs["parts"]
             tmp = mm.outputs[0]
-            self.matmul(op, mm.inputs[0], tmp, mm.weights[0])
             residual = next(t for t in add.inputs if t != norm.outputs[0])
-            self.rmsnorm(op, tmp, op.outputs[0], norm.weights[0], norm.attrs["eps"], residual=residual)
+            w = self.backend.weight(mm.weights[0])
+            if small(mm.inputs[0]) and len(w.parts) == 1 and self.backend.tuning["matvec.post_norm"]:
+                post = (norm.weights[0], norm.attrs["eps"], residual, op.outputs[0])
+                self.projection(op, mm.inputs[0], tmp, mm.weights[0], post=post)
+            else:
+                self.matmul(op, mm.inputs[0], tmp, mm.weights[0])
+                self.rmsnorm(op, tmp, op.outputs[0], norm.weights[0], norm.attrs["eps"], residual=residual)
         elif "parts" in op.attrs:
             for part in op.attrs["parts"]:
                 self.emit(part)
