@@ -10,6 +10,7 @@ import pytest
 from tiny import TINY, write_tiny_gguf
 
 import workbench as wb
+from workbench.backends import BackendUnavailableError
 from workbench.cli import main
 from workbench.instrument.roofline import weight_specs_for
 from workbench.models.config import preset
@@ -131,3 +132,24 @@ def test_run_placed_tokens_equal_reference(tmp_path):
     first = res["steps"][0]
     assert first["ops_by_device"].get("npu", 0) > 0 and first["measured_host_copies"]["count"] > 0
     assert np.isfinite(first["step_s"]) and TINY.n_layers == 3
+
+
+def test_single_device_placements_run_on_real_backends_and_say_measured(tmp_path):
+    model = wb.load(str(write_tiny_gguf(tmp_path / "t.gguf")))
+    ids = list(range(10, 22))
+    ref = wb.Engine(model, "numpy").generate(ids, 3)
+    cpu = run_placed(model, "all-cpu", ids, decode_tokens=2)
+    assert cpu["output_ids"] == ref.output_ids and "this host" in cpu["platform"]
+    for s in cpu["steps"]:
+        assert s["how"] and all(h.startswith("cpu: measured (cpu backend") for h in s["how"])
+        assert s["ops_by_device"].keys() == {"cpu"} and s["transfers"] == 0
+    with pytest.raises(ValueError, match="only the all-igpu placement"):
+        run_placed(model, "npu-ffn", ids, 1, igpu="vulkan")
+    with pytest.raises(ValueError, match="igpu must be"):
+        run_placed(model, "all-igpu", ids, 1, igpu="metal")
+    try:
+        gpu = run_placed(model, "all-igpu", ids, decode_tokens=2, igpu="vulkan")
+    except BackendUnavailableError as e:
+        pytest.skip(f"no Vulkan device here: {e}")
+    assert gpu["output_ids"][:2] == ref.output_ids[:2]  # fp16/fp32 GPU kernels: the first tokens agree
+    assert all(h.startswith("vulkan: measured (vulkan backend on") for s in gpu["steps"] for h in s["how"])

@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
         description="Without --run: a sweep over the named strategies for config-only models (no weights "
         "needed): NPU times emulated (AIE cost model), iGPU times projected (roofline), transfers modeled. "
         "With --run: generate with one strategy on this machine (emulator for npu, cpu backend measured, "
-        "iGPU ops projected with values from numpy). Strategies: "
+        "iGPU ops projected with values from numpy, or all-igpu measured on the vulkan backend with --igpu "
+        "vulkan). Strategies: "
         + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()),
     )
     p.add_argument("--model", "-m", action="append", default=None,
@@ -41,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--run", action="store_true", help="run one strategy here instead of projecting")
     p.add_argument("--prompt", default="The capital of France is", help="prompt for --run")
     p.add_argument("--max-tokens", type=positive_int, default=4, help="decode tokens for --run")
+    p.add_argument("--igpu", default="projected", choices=["projected", "vulkan"],
+                   help="--run: iGPU ops projected for the platform (values by numpy), or run all-igpu on the "
+                   "vulkan backend here (measured on this host's Vulkan device)")  # fmt: skip
     add_json_arg(p)
     p.set_defaults(handler=run)
 
@@ -91,12 +95,12 @@ def _run_here(args, run_placed, emit_json) -> int:
     strategy = (args.strategy or ["npu-attention"])[0]
     ids = model.tokenizer.encode(args.prompt)
     res = run_placed(model, strategy, ids, args.max_tokens, platform=args.platform,
-                     npu_dtype="bf16" if args.npu_dtype == "bf16" else "int8", first_n=args.first_n)  # fmt: skip
+                     npu_dtype=args.npu_dtype, first_n=args.first_n, igpu=args.igpu)  # fmt: skip
     res["text"] = model.tokenizer.decode(res["output_ids"])
     if args.json:
         emit_json(res)
         return 0
-    print(f"{strategy} on this machine, projected for {args.platform}: {args.prompt!r} -> {res['text']!r}")
+    print(f"{strategy} on this machine, timed for {res['platform']}: {args.prompt!r} -> {res['text']!r}")
     for s in res["steps"]:
         print(f"  {s['phase']:<8} {s['tokens']:>4} tokens  step {s['step_s'] * 1e3:8.2f} ms  "
               f"{s['tokens_per_s']:9.1f} tok/s  ops {s['ops_by_device']}  transfers {s['transfers']} "

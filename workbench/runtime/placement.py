@@ -348,6 +348,9 @@ def sweep(
 
 
 # -- running a placement with real backends --------------------------------------------------------------
+IGPU_MODES = ("projected", "vulkan")
+
+
 def run_placed(
     model,
     strategy: str,
@@ -357,25 +360,45 @@ def run_placed(
     platform: str = "phoenix",
     npu_dtype: str = "bf16",
     first_n: int | None = None,
+    igpu: str = "projected",
 ) -> dict:
-    """Generate greedily with each op on its placed device, using what runs here: the AIE emulator for
-    ``npu`` (emulated times), the cpu backend for ``cpu`` (measured), and for ``vulkan`` the numpy
-    reference for values with projected iGPU times (the Backend protocol runs whole graphs, so a mixed
-    placement cannot hand single ops to the vulkan backend). Transfers are real host copies (measured)
-    and modeled for ``platform``. Returns tokens and per-phase timelines, each time labeled."""
+    """Generate greedily with each op on its placed device, using what runs here, and time each op.
+
+    - ``npu`` ops: the AIE emulator (values with NPU numerics, ``emulated`` times)
+    - ``vulkan`` ops with ``igpu="projected"``: values by the numpy reference, times ``projected`` for the
+      platform's iGPU (roofline). ``igpu="vulkan"`` runs an ``all-igpu`` placement on the vulkan backend
+      here instead (``measured`` on whatever Vulkan device this host has); the backend runs whole step
+      programs, so mixed placements cannot hand it single ops and are refused with that reason
+    - ``all-cpu``: the cpu backend runs every step (``measured`` on this host)
+
+    Transfers at device boundaries are real host copies (``measured``) and ``modeled`` for ``platform``.
+    Returns tokens and per-step timelines, each time labeled with how it was obtained."""
+    if igpu not in IGPU_MODES:
+        raise ValueError(f"igpu must be one of {', '.join(IGPU_MODES)}, got {igpu!r}")
+    if igpu == "vulkan" and strategy != "all-igpu":
+        raise ValueError(
+            f"igpu='vulkan' runs only the all-igpu placement here (the vulkan backend runs whole step "
+            f"programs, so {strategy!r} cannot hand it single ops); use igpu='projected'"
+        )
+    plat = get_platform(platform)
+    if strategy == "all-cpu" or igpu == "vulkan":
+        from ..backends import make_backend
+
+        backend = make_backend("cpu" if strategy == "all-cpu" else "vulkan", model)
+        return _run_on_backend(model, backend, strategy, prompt_ids, decode_tokens, platform)
+    return _run_mixed(model, strategy, prompt_ids, decode_tokens, plat, npu_dtype, first_n)
+
+
+def _run_mixed(model, strategy, prompt_ids, decode_tokens, plat: Platform, npu_dtype, first_n) -> dict:
+    """:func:`run_placed` op by op: NPU ops on the emulator, other ops by numpy with projected times."""
     from ..backends import Step
     from ..backends.npu import NpuBackend
 
-    plat = get_platform(platform)
     npu = NpuBackend(model, tune=f"dtype={npu_dtype}")
-    cpu = None
-    if strategy == "all-cpu":
-        from ..backends.numba_cpu import HANDLERS, CpuBackend
-
-        cpu = CpuBackend(model)
     cache = npu.new_cache(len(prompt_ids) + decode_tokens + 1)
     ids, out_ids, phases = list(prompt_ids), [], []
     tokens = ids
+    power = {d: plat.profile(d).power_w for d in DEVICES} | {"link": 0.0}
     for step_i in range(decode_tokens + 1):
         phase = "prefill" if step_i == 0 else "decode"
         graph = model.graph(len(tokens), 1)
@@ -393,38 +416,76 @@ def run_placed(
                     env[t] = np.array(env[t], copy=True)
                     copies[(t, dev)] = time.perf_counter() - t0
                     where[t] = dev
-            t0 = time.perf_counter()
             if dev == "npu":
-                emulated = npu._kernel_for(op)(npu, op, env, step)
-                timed[op.name] = (emulated if emulated is not None else time.perf_counter() - t0,
-                                  f"emulated (AIE cost model, {npu.array.key})" if emulated is not None
-                                  else "measured (host numpy, op the NPU does not cover)")  # fmt: skip
-            elif dev == "cpu" and cpu is not None:
-                HANDLERS[op.kind](cpu, op, env, step)
-                timed[op.name] = (time.perf_counter() - t0, "measured (cpu backend, this host)")
+                timed[op.name] = (npu._kernel_for(op)(npu, op, env, step), f"emulated (AIE cost model, {npu.array.key})")
             else:
                 _host_kernel(npu, op, env, step)
-                sec = roofline_seconds(op, graph, step.positions, plat.profile(dev))
-                timed[op.name] = (
-                    sec,
-                    f"projected (roofline, {plat.profile(dev).key}); values by numpy on this host",
-                )
+                prof = plat.profile(dev)
+                timed[op.name] = (roofline_seconds(op, graph, step.positions, prof),
+                                  f"projected (roofline, {prof.key}); values by numpy on this host")  # fmt: skip
             for t in op.outputs:
                 where[t] = dev
         for s in step.seqs:
             s.cache.length = int(step.positions[s.stop - 1]) + 1
         tasks = step_tasks(graph, assignment, lambda op, dev, timed=timed: timed[op.name], plat)
-        tl = schedule(tasks)
-        power = {d: plat.profile(d).power_w for d in DEVICES} | {"link": 0.0}
-        res = PhaseResult(strategy, phase, len(tokens), tl, tasks, power).summary()
+        res = PhaseResult(strategy, phase, len(tokens), schedule(tasks), tasks, power).summary()
         res["measured_host_copies"] = {"count": len(copies), "seconds": sum(copies.values())}
         phases.append(res)
         nxt = int(np.argmax(env[graph.outputs[0]][-1]))
         out_ids.append(nxt)
         tokens = [nxt]
+    return {"strategy": strategy, "platform": plat.name, "input_ids": ids, "output_ids": out_ids, "steps": phases}
+
+
+class _OpTimes:
+    """Observer keeping each op's seconds: the device's own clock where the backend has one, else host time."""
+
+    def __init__(self):
+        self.rows: list[tuple[Op, float, bool]] = []
+
+    def on_op(self, op: Op, step, start_s: float, host_s: float, device_s: float | None = None) -> None:
+        self.rows.append((op, host_s if device_s is None else device_s, device_s is not None))
+
+    def on_step(self, step, graph, backend, start_s: float, wall_s: float) -> None:
+        pass
+
+
+def _run_on_backend(model, backend, strategy, prompt_ids, decode_tokens, platform) -> dict:
+    """:func:`run_placed` for a single-device placement that a real backend here runs whole (measured)."""
+    from ..backends import Step
+
+    info = backend.device
+    device = "cpu" if strategy == "all-cpu" else "vulkan"
+    prof = info.details.get("profile", "host" if backend.name == "cpu" else "unknown")
+    try:
+        power = {device: get_profile(prof).power_w}  # None where the profile has no power figure (host)
+    except ValueError:
+        power = {device: None}
+    cache = backend.new_cache(len(prompt_ids) + decode_tokens + 1)
+    ids, out_ids, phases = list(prompt_ids), [], []
+    tokens = ids
+    for step_i in range(decode_tokens + 1):
+        phase = "prefill" if step_i == 0 else "decode"
+        step = Step.single(cache, tokens, cache.length, "last", phase, step_i)
+        graph = backend.prepare_graph(model.graph(len(tokens), 1))
+        times = _OpTimes()
+        logits = backend.run(graph, step, times)
+        tasks = [
+            Task(op.name, device, sec,
+                 f"measured ({backend.name} backend on {info.name}, this host; "
+                 + ("device timestamps)" if clocked else "host wall time)"),
+                 (i - 1,) if i else ())
+            for i, (op, sec, clocked) in enumerate(times.rows)
+        ]  # fmt: skip
+        res = PhaseResult(strategy, phase, len(tokens), schedule(tasks), tasks, power).summary()
+        res["measured_host_copies"] = {"count": 0, "seconds": 0.0}
+        phases.append(res)
+        nxt = int(np.argmax(logits[-1]))
+        out_ids.append(nxt)
+        tokens = [nxt]
     return {
         "strategy": strategy,
-        "platform": platform,
+        "platform": f"this host ({info.name}), not {platform}",
         "input_ids": ids,
         "output_ids": out_ids,
         "steps": phases,
