@@ -8,7 +8,7 @@ from tiny import write_tiny_gguf
 
 import workbench as wb
 from workbench.backends import auto_candidates, probe_backends
-from workbench.instrument.profiler import Profiler
+from workbench.instrument.profiler import Profiler, by_placement
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,8 @@ def test_logits_close_to_reference_and_ops_labeled(tiny_model):
     det = npu.backend.device
     assert det.kind == "emulator" and det.details["emulated_npu_s"] > 0
     assert det.details["npu_launches"] == len(on_npu)
+    view = by_placement(df)
+    assert {("matmul", "emulated"), ("add", "measured (host)")} <= {(k, t) for k, _, t in view.index}
 
 
 def test_int8_and_npu2_run(tiny_model):
@@ -70,6 +72,7 @@ def test_auto_never_picks_the_emulator():
 def test_greedy_tokens_match_reference_on_270m(default_model, numpy_engine):
     """Greedy tokens through the emulator (bf16) equal the reference wherever its top-2 margin > 0.5."""
     npu = wb.Engine(default_model, "npu")
+    checked = 0
     for prompt in ("The capital of France is", "def fibonacci(n):"):
         ids = numpy_engine.encode_prompt(prompt)
         seq_r, seq_n = numpy_engine.new_sequence(), npu.new_sequence()
@@ -79,5 +82,7 @@ def test_greedy_tokens_match_reference_on_270m(default_model, numpy_engine):
             tok_r, tok_n = int(np.argmax(lr)), int(np.argmax(ln))
             if top2[1] - top2[0] > 0.5:
                 assert tok_n == tok_r, (prompt, tok_n, tok_r)
+                checked += 1
             lr, ln = numpy_engine.forward(seq_r, [tok_r]), npu.forward(seq_n, [tok_r])
+    assert checked >= 4  # the margin condition held often enough for the comparison to mean something
     assert npu.backend.emulated_s > 0

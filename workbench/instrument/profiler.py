@@ -187,6 +187,11 @@ def by_device(df: pd.DataFrame) -> pd.DataFrame:
     return _grouped(df, "device")
 
 
+def by_placement(df: pd.DataFrame) -> pd.DataFrame:
+    """Per op kind, device and timing (``emulated`` / ``measured``): for backends that place ops on several."""
+    return _grouped(df, ["kind", "device", "timing"])
+
+
 def by_op(df: pd.DataFrame) -> pd.DataFrame:
     return _grouped(df, ["op", "kind"])
 
