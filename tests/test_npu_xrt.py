@@ -81,6 +81,7 @@ def _fake_pyxrt(calls: list):
     class Run:
         def wait(self):
             calls.append(("wait",))
+            return m.state
 
     class Kernel:
         def __init__(self, ctx, name):
@@ -94,6 +95,8 @@ def _fake_pyxrt(calls: list):
             bos[-1].data[:] = bos[0].data[: len(bos[-1].data)]  # "compute": copy input 0 to the output
             return Run()
 
+    m.ert_cmd_state = types.SimpleNamespace(ERT_CMD_STATE_COMPLETED="completed", ERT_CMD_STATE_ERROR="error")
+    m.state = "completed"
     m.bo = BO
     m.kernel = Kernel
     m.device = lambda i: (
@@ -125,6 +128,9 @@ def test_xrt_kernel_follows_the_pyxrt_sequence(tmp_path, monkeypatch):
     assert launch == ("launch", 3, 4, 3)  # opcode 3, instruction count, 3 data buffers
     assert names.index("wait") > names.index("launch")
     assert calls[-1] == ("sync", "from")
+    sys.modules["pyxrt"].state = "error"
+    with pytest.raises(RuntimeError, match="did not complete: error"):
+        k.run([a], [((8,), np.float32)])
 
 
 def test_npu_backend_xrt_mode_says_what_is_missing(tmp_path):

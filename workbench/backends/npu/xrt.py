@@ -177,8 +177,9 @@ class XrtKernel:
         for bo, a in zip(bos, inputs):
             bo.write(np.ascontiguousarray(a).tobytes(), 0)
             bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE)
-        run = self.kernel(OPCODE, self.instr_bo, len(self.insts), *bos, *out_bos)
-        run.wait()
+        state = self.kernel(OPCODE, self.instr_bo, len(self.insts), *bos, *out_bos).wait()
+        if state != xrt.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
+            raise RuntimeError(f"NPU kernel run did not complete: {state}")
         results = []
         for bo, (shape, dt) in zip(out_bos, outputs):
             bo.sync(xrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE)
