@@ -23,9 +23,6 @@ layout(constant_id = 4) const uint SK = 64;   // keys per tile
 const uint NW = WG / SG;                      // subgroups per workgroup
 const uint QV = (HD / 4 + SG - 1) / SG;       // vec4s of a key row per lane
 const uint DPT = (HD + WG - 1) / WG;          // output dims per thread
-#define MAX_G 8
-#define MAX_QV 16
-#define MAX_DPT 8
 #define NEG -1.0e30
 
 layout(push_constant) uniform PC {
@@ -50,14 +47,14 @@ void main() {
     uint begin = lo + s * pc.split_keys;
     uint end = min(p + 1u, begin + pc.split_keys);
     // this lane's slice of the G query vectors (dims 4 * (i * SG + lane) .. + 3)
-    vec4 q[MAX_G][MAX_QV];
+    vec4 q[G][QV];
     uint qb = (pc.q_off + t * pc.q_stride + kvh * G * HD) / 4u;
     [[unroll]] for (uint g = 0u; g < G; ++g)
         [[unroll]] for (uint i = 0u; i < QV; ++i) {
             uint c = i * SG + lane;
             q[g][i] = c < HD / 4u ? act4[qb + g * (HD / 4u) + c] * pc.scale : vec4(0.0);
         }
-    float acc[MAX_G][MAX_DPT];
+    float acc[G][DPT];
     [[unroll]] for (uint g = 0u; g < G; ++g)
         [[unroll]] for (uint i = 0u; i < DPT; ++i) acc[g][i] = 0.0;
     if (tid < G) {
@@ -75,7 +72,7 @@ void main() {
         [[unroll]] for (uint jj = 0u; jj < SK / NW; ++jj) {
             uint j = jj * NW + warp;
             uint kb = (slots[j] * pc.kv_dim + kvh * HD) / 4u;
-            float part[MAX_G];
+            float part[G];
             [[unroll]] for (uint g = 0u; g < G; ++g) part[g] = 0.0;
             [[unroll]] for (uint i = 0u; i < QV; ++i) {
                 uint c = i * SG + lane;

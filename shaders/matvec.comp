@@ -93,11 +93,11 @@ void main() {
         barrier();
     }
 #endif
-    float acc[MAX_T];
+    float acc[NT];
 #ifdef GELU_PAIR
-    float acc2[MAX_T];
+    float acc2[NT];
 #endif
-    for (uint t = 0u; t < MAX_T; ++t) {
+    for (uint t = 0u; t < NT; ++t) {
         acc[t] = 0.0;
 #ifdef GELU_PAIR
         acc2[t] = 0.0;

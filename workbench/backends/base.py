@@ -224,6 +224,11 @@ class Backend(ABC):
             s.cache.length = int(step.positions[s.stop - 1]) + 1
         return env[graph.outputs[0]]
 
+    def device_step_seconds(self) -> float | None:
+        """Accelerator time of the last step where the backend measures it (GPU timestamps), else None: the
+        step's wall time minus this is the host overhead."""
+        return None
+
     def check_tokens(self, step: Step) -> None:
         vocab = self.model.config.vocab_size
         if step.n_tokens and (step.tokens.min() < 0 or step.tokens.max() >= vocab):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ class RunTiming:
     prefill_s: float
     ttft_s: float
     decode_latencies_s: list[float]
+    decode_device_s: list[float] = field(default_factory=list)  # accelerator time per step, where measured
 
     @property
     def decode_s(self) -> float:
@@ -79,19 +80,32 @@ def time_ours(engine: Engine, prompt: list[int], gen: int) -> RunTiming:
     t1 = time.perf_counter()
     tok = int(np.argmax(logits))
     ttft = time.perf_counter() - t0
-    lat = []
+    lat, dev = [], []
     for _ in range(gen):
         ts = time.perf_counter()
         tok = engine.greedy_step(seq, tok)
         lat.append(time.perf_counter() - ts)
-    return RunTiming(t1 - t0, ttft, lat)
+        d = engine.backend.device_step_seconds()  # read after the timed region
+        if d is not None:
+            dev.append(d)
+    return RunTiming(t1 - t0, ttft, lat, dev)
 
 
 def summarize(runs: list[RunTiming], prompt_tokens: int, gen: int) -> dict[str, Any]:
     pre = [prompt_tokens / r.prefill_s for r in runs]
     dec = [gen / r.decode_s for r in runs]
     lat = [x for r in runs for x in r.decode_latencies_s]
+    overhead = [
+        1.0 - d / w for r in runs if len(r.decode_device_s) == len(r.decode_latencies_s)
+        for w, d in zip(r.decode_latencies_s, r.decode_device_s)
+    ]  # fmt: skip
+    out_overhead = (
+        {"decode_host_overhead_share": median_ci(overhead),
+         "decode_host_overhead_how": "measured: step wall time minus the GPU time of its command buffer"}
+        if overhead else {}
+    )  # fmt: skip
     return {
+        **out_overhead,
         "prefill_tok_s": median_ci(pre),
         "decode_tok_s": median_ci(dec),
         "time_to_first_token_s": median_ci([r.ttft_s for r in runs]),

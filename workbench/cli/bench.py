@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         f"  decode latency ms        p50 {lat['p50'] * 1e3:.2f}  p90 {lat['p90'] * 1e3:.2f}  p99 {lat['p99'] * 1e3:.2f}"
     )
     print(f"  peak RSS                 {o['peak_rss_bytes'] / 2**20:.0f} MiB")
+    if "decode_host_overhead_share" in o:
+        h = o["decode_host_overhead_share"]
+        print(f"  host overhead / decode   {h['median'] * 100:.1f}% of the step ({o['decode_host_overhead_how']})")
     if "vs_llama_cpp" in res:
         v, t = res["vs_llama_cpp"], res["llama_cpp"]
         print(

@@ -29,7 +29,7 @@ from .recorded import Recorded
 from .weights import DeviceWeight, upload_weight
 
 KERNEL_TUNABLES = (
-    "matvec.wg", "matvec.row_threads", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "matmul_coop.wg",
+    "matvec.wg", "matvec.row_threads", "matvec.row_threads_tall", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "matmul_coop.wg",
     "matmul_coop.wm", "matmul_coop.tm", "matmul_coop.tn", "attention.wg",
     "attention.tile", "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
 )  # fmt: skip
@@ -227,6 +227,7 @@ class VulkanBackend(Backend):
         t0 = time.perf_counter()
         prog.run(step.tokens, step.positions, step.logit_rows, timed=timed)
         wall = time.perf_counter() - t0
+        self._last_untimed = None if timed else prog
         if observer is not None:
             self._report(graph, step, prog, observer, t0, wall, timed)
         cache.length = int(step.positions[-1]) + 1
@@ -247,6 +248,11 @@ class VulkanBackend(Backend):
             dev_s = per_op.get(op.name) if timed else None
             observer.on_op(op, step, start, dev_s if dev_s is not None else share, dev_s)
             start += dev_s if dev_s is not None else share
+
+    def device_step_seconds(self) -> float | None:
+        """GPU time of the last step (one timestamp pair around its command buffer), if it was measured."""
+        prog = getattr(self, "_last_untimed", None)
+        return prog.step_seconds() if prog is not None else None
 
     def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
         prog = self._execute(graph, step, observer, greedy=False)

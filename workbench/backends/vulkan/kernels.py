@@ -165,6 +165,7 @@ class Tuning:
         self.values: dict[str, int] = {
             "matvec.wg": max(128, wide),
             "matvec.row_threads": 2 * wide,
+            "matvec.row_threads_tall": min(16, wide),
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
@@ -215,12 +216,13 @@ class Tuning:
                 )
             if key.endswith(".wg") and val % sg:
                 errors.append(f"{key}={val} is not a multiple of the subgroup size {sg}")
-        rt = v["matvec.row_threads"]
-        if rt & (rt - 1) or (rt > sg and rt % sg) or v["matvec.wg"] % rt:
-            errors.append(
-                f"matvec.row_threads={rt} must be a power of two, a multiple of the subgroup size {sg} when "
-                "larger than it, and divide matvec.wg"
-            )
+        for key in ("matvec.row_threads", "matvec.row_threads_tall"):
+            rt = v[key]
+            if rt & (rt - 1) or (rt > sg and rt % sg) or v["matvec.wg"] % rt:
+                errors.append(
+                    f"{key}={rt} must be a power of two, a multiple of the subgroup size {sg} when "
+                    "larger than it, and divide matvec.wg"
+                )
         nw = v["attention.wg"] // sg
         if v["attention.tile"] % max(nw, 1) or v["attention.tile"] > 256:
             errors.append(

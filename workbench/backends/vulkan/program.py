@@ -90,7 +90,7 @@ class Builder:
         self, op: Op, kernel: str, push: dict, groups, reads, writes, defines=(), spec=None, **bufs
     ) -> None:
         tun = self.backend.tuning
-        sp = tun.spec(kernel) + list(spec or [])
+        sp = sorted(dict(tun.spec(kernel) + list(spec or [])).items())  # later entries override
         self.dispatches.append(
             Dispatch(
                 op.name, kernel, tuple(defines), sp, push, tuple(groups), tuple(reads), tuple(writes), **bufs
@@ -128,10 +128,12 @@ class Builder:
                         peps=peps, cnt_off=Ref(counter) if counter else 0)  # fmt: skip
             defines = [f"FMT_{w.fmt}"] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["POST_NORM_ADD"] if post else []
-            rows_per_wg = b.tuning["matvec.wg"] // b.tuning["matvec.row_threads"]
+            tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
+            rt = b.tuning["matvec.row_threads_tall" if tall else "matvec.row_threads"]
+            rows_per_wg = b.tuning["matvec.wg"] // rt
             gx, gy = split_groups(-(-part.rows // rows_per_wg))
             reads, writes = ([x, res], [y, out, counter]) if post else ([x], [y])
-            self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, [(2, t), (3, k)],
+            self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, [(1, rt), (2, t), (3, k)],
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:

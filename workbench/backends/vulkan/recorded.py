@@ -73,7 +73,9 @@ class Recorded:
         self.query_pool = None
         if timestamps:
             self.query_pool = vk.vkCreateQueryPool(
-                dev.device, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=n), None
+                dev.device,
+                vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=n + 2),
+                None,
             )
         cbs = vk.vkAllocateCommandBuffers(
             dev.device,
@@ -103,9 +105,13 @@ class Recorded:
         vk.vkCmdPipelineBarrier(
             cb, vk.VK_PIPELINE_STAGE_HOST_BIT, compute, 0, 1, [host_write], 0, None, 0, None
         )
+        n_q = len(self.dispatches) + 1
         if timed:
-            vk.vkCmdResetQueryPool(cb, self.query_pool, 0, len(self.dispatches) + 1)
+            vk.vkCmdResetQueryPool(cb, self.query_pool, 0, n_q)
             vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 0)
+        elif self.query_pool is not None:  # one pair around the whole step: its GPU time
+            vk.vkCmdResetQueryPool(cb, self.query_pool, n_q, 2)
+            vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, n_q)
         bound_pipe = bound_set = None
         for i, d in enumerate(self.dispatches):
             if d.barrier or timed:
@@ -142,6 +148,8 @@ class Recorded:
                 1,
                 [vk.VkBufferCopy(srcOffset=off * 4, dstOffset=0, size=n * 4)],
             )
+        if not timed and self.query_pool is not None:
+            vk.vkCmdWriteTimestamp(cb, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, n_q + 1)
         to_host = vk.VkMemoryBarrier(
             srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
             dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT,
@@ -177,17 +185,25 @@ class Recorded:
     def token(self) -> int:
         return int(self.params.view(np.uint32)[3])
 
-    def dispatch_times(self) -> np.ndarray:
-        """Device seconds of each dispatch of the last timed run."""
+    def _timestamps(self, first: int, count: int) -> np.ndarray:
         vk = self.dev.vk
-        n = len(self.dispatches) + 1
-        data = vk.ffi.new("uint64_t[]", n)
+        data = vk.ffi.new("uint64_t[]", count)
         vk.vkGetQueryPoolResults(
-            self.dev.device, self.query_pool, 0, n, n * 8, data, 8,
+            self.dev.device, self.query_pool, first, count, count * 8, data, 8,
             vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT,
         )  # fmt: skip
-        ticks = np.frombuffer(vk.ffi.buffer(data, n * 8), dtype=np.uint64).astype(np.float64)
-        return np.diff(ticks) * self.dev.features.timestamp_period_ns * 1e-9
+        ticks = np.frombuffer(vk.ffi.buffer(data, count * 8), dtype=np.uint64).astype(np.float64)
+        return ticks * self.dev.features.timestamp_period_ns * 1e-9
+
+    def dispatch_times(self) -> np.ndarray:
+        """Device seconds of each dispatch of the last timed run."""
+        return np.diff(self._timestamps(0, len(self.dispatches) + 1))
+
+    def step_seconds(self) -> float | None:
+        """GPU seconds of the last untimed run (first dispatch start to last end), where timestamps exist."""
+        if self.query_pool is None:
+            return None
+        return float(np.diff(self._timestamps(len(self.dispatches) + 1, 2))[0])
 
     def destroy(self) -> None:
         vk, d = self.dev.vk, self.dev.device
