@@ -62,8 +62,8 @@ def _install_stub(monkeypatch) -> Rec:
         def release(self, n):
             pass
 
-        def forward(self, obj_type=None, name=None, dims_to_stream=None, placement=None, depth=None):
-            return ObjectFifo(obj_type or self.fifo.obj_type, name=name, dims_to_stream=dims_to_stream)
+        def forward(self, placement=None, obj_type=None, depth=None, name=None, dims_to_stream=None):
+            return ObjectFifo(obj_type or self.fifo.obj_type, depth or self.fifo.depth, name, dims_to_stream)
 
         def _many(self, offsets, obj_types=None, names=None, **kw):
             assert len(offsets) == len(obj_types) == len(names)
@@ -72,8 +72,8 @@ def _install_stub(monkeypatch) -> Rec:
         split = join = _many
 
     class ObjectFifo:
-        def __init__(self, obj_type, name=None, default_depth=2, dims_to_stream=None):
-            self.obj_type, self.name, self.depth, self.dims = obj_type, name, default_depth, dims_to_stream
+        def __init__(self, obj_type, depth=2, name=None, dims_to_stream=None):  # aie.iron's order
+            self.obj_type, self.name, self.depth, self.dims = obj_type, name, depth, dims_to_stream
             rec.fifos.append(self)
 
         def cons(self):

@@ -43,9 +43,9 @@ def design():
     fifos, workers = [], []
     for c in range(n_cols):
         for r in range(n_rows):
-            f = [ObjectFifo(q_ty, name=f"q_{c}_{r}", default_depth=1),
+            f = [ObjectFifo(q_ty, 1, name=f"q_{c}_{r}"),
                  ObjectFifo(kv_ty, name=f"k_{c}_{r}"), ObjectFifo(kv_ty, name=f"v_{c}_{r}"),
-                 ObjectFifo(o_ty, name=f"o_{c}_{r}", default_depth=1)]
+                 ObjectFifo(o_ty, 1, name=f"o_{c}_{r}")]
             fifos.append(f)
             workers.append(Worker(core_fn, [f[0].cons(), f[1].cons(), f[2].cons(), f[3].prod(), init, update],
                                   placement=Tile(c, 2 + r)))

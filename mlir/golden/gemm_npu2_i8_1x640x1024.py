@@ -29,19 +29,19 @@ def design():
     matmul = Kernel("matmul_i8_i16_b_col_maj", "mm_8x128x64.o", [a_ty, b_ty, c_ty])
 
     # A: one stream per core row, broadcast along the row; B: one stream per column, broadcast down it
-    a_in = [ObjectFifo(a_ty, name=f"A_L3L2_{r}", default_depth=depth) for r in range(n_rows)]
+    a_in = [ObjectFifo(a_ty, depth, name=f"A_L3L2_{r}") for r in range(n_rows)]
     a_l1 = [
         a_in[r].cons().forward(name=f"A_L2L1_{r}", dims_to_stream=a_dims, placement=Tile(r % n_cols, 1))
         for r in range(n_rows)
     ]
-    b_in = [ObjectFifo(b_ty, name=f"B_L3L2_{c}", default_depth=depth) for c in range(n_cols)]
+    b_in = [ObjectFifo(b_ty, depth, name=f"B_L3L2_{c}") for c in range(n_cols)]
     b_l1 = [
         b_in[c].cons().forward(name=f"B_L2L1_{c}", dims_to_stream=b_dims, placement=Tile(c, 1))
         for c in range(n_cols)
     ]
     c_out, c_l1 = [], []
     for c in range(n_cols):
-        fifo = ObjectFifo(c_col_ty, name=f"C_L2L3_{c}", default_depth=depth, dims_to_stream=c_dims)
+        fifo = ObjectFifo(c_col_ty, depth, name=f"C_L2L3_{c}", dims_to_stream=c_dims)
         c_out.append(fifo)
         c_l1.append(
             fifo.prod().join(

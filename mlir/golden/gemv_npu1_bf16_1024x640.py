@@ -27,7 +27,7 @@ def design():
     zero = Kernel("zero_vectorized_f32", "mv_32x160.o", [y_ty])
     matvec = Kernel("matvec_vectorized_bf16_f32", "mv_32x160.o", [w_ty, x_ty, y_ty])
 
-    x_in = [ObjectFifo(x_ty, name=f"x_L3L2_{c}", default_depth=depth) for c in range(n_cols)]
+    x_in = [ObjectFifo(x_ty, depth, name=f"x_L3L2_{c}") for c in range(n_cols)]
     x_l1 = [x_in[c].cons().forward(name=f"x_L2L1_{c}", placement=Tile(c, 1)) for c in range(n_cols)]
     w_in, y_out, workers = [], [], []
 
@@ -44,10 +44,10 @@ def design():
 
     for c in range(n_cols):
         for r in range(n_rows):
-            w = ObjectFifo(w_ty, name=f"W_L3L2_{c}_{r}", default_depth=depth)
+            w = ObjectFifo(w_ty, depth, name=f"W_L3L2_{c}_{r}")
             w_in.append(w)
             w_l1 = w.cons().forward(name=f"W_L2L1_{c}_{r}", dims_to_stream=w_dims, placement=Tile(c, 1))
-            y = ObjectFifo(y_ty, name=f"y_L1L3_{c}_{r}", default_depth=depth)
+            y = ObjectFifo(y_ty, depth, name=f"y_L1L3_{c}_{r}")
             y_out.append(y)
             workers.append(
                 Worker(core_fn, [w_l1.cons(), x_l1[c].cons(), y.prod(), zero, matvec], placement=Tile(c, 2 + r))

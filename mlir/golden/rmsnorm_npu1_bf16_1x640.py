@@ -24,7 +24,7 @@ def design():
     w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
     rms = Kernel("rms_norm_eps", "rms_norm.o", [row_ty, row_ty, np.int32, np.float32])
     mul = Kernel("eltwise_mul_bf16_vector", "mul.o", [row_ty, w_ty, row_ty])
-    w_in = [ObjectFifo(w_ty, name=f"w_L3L1_{c}", default_depth=1) for c in range(n_cols)]
+    w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{c}") for c in range(n_cols)]
 
     def core_fn(of_x, of_y, of_w, rms, mul):
         w = of_w.acquire(1)

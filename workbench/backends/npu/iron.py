@@ -62,19 +62,19 @@ def design():
     matmul = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [a_ty, b_ty, c_ty])
 
     # A: one stream per core row, broadcast along the row; B: one stream per column, broadcast down it
-    a_in = [ObjectFifo(a_ty, name=f"A_L3L2_{{r}}", default_depth=depth) for r in range(n_rows)]
+    a_in = [ObjectFifo(a_ty, depth, name=f"A_L3L2_{{r}}") for r in range(n_rows)]
     a_l1 = [
         a_in[r].cons().forward(name=f"A_L2L1_{{r}}", dims_to_stream=a_dims, placement=Tile(r % n_cols, 1))
         for r in range(n_rows)
     ]
-    b_in = [ObjectFifo(b_ty, name=f"B_L3L2_{{c}}", default_depth=depth) for c in range(n_cols)]
+    b_in = [ObjectFifo(b_ty, depth, name=f"B_L3L2_{{c}}") for c in range(n_cols)]
     b_l1 = [
         b_in[c].cons().forward(name=f"B_L2L1_{{c}}", dims_to_stream=b_dims, placement=Tile(c, 1))
         for c in range(n_cols)
     ]
     c_out, c_l1 = [], []
     for c in range(n_cols):
-        fifo = ObjectFifo(c_col_ty, name=f"C_L2L3_{{c}}", default_depth=depth, dims_to_stream=c_dims)
+        fifo = ObjectFifo(c_col_ty, depth, name=f"C_L2L3_{{c}}", dims_to_stream=c_dims)
         c_out.append(fifo)
         c_l1.append(
             fifo.prod().join(
@@ -143,7 +143,7 @@ def design():
     zero = Kernel("{s.kernels[1]}", "{s.kernels[2]}", [y_ty])
     matvec = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [w_ty, x_ty, y_ty])
 
-    x_in = [ObjectFifo(x_ty, name=f"x_L3L2_{{c}}", default_depth=depth) for c in range(n_cols)]
+    x_in = [ObjectFifo(x_ty, depth, name=f"x_L3L2_{{c}}") for c in range(n_cols)]
     x_l1 = [x_in[c].cons().forward(name=f"x_L2L1_{{c}}", placement=Tile(c, 1)) for c in range(n_cols)]
     w_in, y_out, workers = [], [], []
 
@@ -160,10 +160,10 @@ def design():
 
     for c in range(n_cols):
         for r in range(n_rows):
-            w = ObjectFifo(w_ty, name=f"W_L3L2_{{c}}_{{r}}", default_depth=depth)
+            w = ObjectFifo(w_ty, depth, name=f"W_L3L2_{{c}}_{{r}}")
             w_in.append(w)
             w_l1 = w.cons().forward(name=f"W_L2L1_{{c}}_{{r}}", dims_to_stream=w_dims, placement=Tile(c, 1))
-            y = ObjectFifo(y_ty, name=f"y_L1L3_{{c}}_{{r}}", default_depth=depth)
+            y = ObjectFifo(y_ty, depth, name=f"y_L1L3_{{c}}_{{r}}")
             y_out.append(y)
             workers.append(
                 Worker(core_fn, [w_l1.cons(), x_l1[c].cons(), y.prod(), zero, matvec], placement=Tile(c, 2 + r))
@@ -194,7 +194,7 @@ def _rowwise(s: Schedule) -> str:
         kernels = """w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
     rms = Kernel("rms_norm_eps", "rms_norm.o", [row_ty, row_ty, np.int32, np.float32])
     mul = Kernel("eltwise_mul_bf16_vector", "mul.o", [row_ty, w_ty, row_ty])
-    w_in = [ObjectFifo(w_ty, name=f"w_L3L1_{c}", default_depth=1) for c in range(n_cols)]
+    w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{c}") for c in range(n_cols)]
 
     def core_fn(of_x, of_y, of_w, rms, mul):
         w = of_w.acquire(1)
@@ -294,9 +294,9 @@ def design():
     fifos, workers = [], []
     for c in range(n_cols):
         for r in range(n_rows):
-            f = [ObjectFifo(q_ty, name=f"q_{{c}}_{{r}}", default_depth=1),
+            f = [ObjectFifo(q_ty, 1, name=f"q_{{c}}_{{r}}"),
                  ObjectFifo(kv_ty, name=f"k_{{c}}_{{r}}"), ObjectFifo(kv_ty, name=f"v_{{c}}_{{r}}"),
-                 ObjectFifo(o_ty, name=f"o_{{c}}_{{r}}", default_depth=1)]
+                 ObjectFifo(o_ty, 1, name=f"o_{{c}}_{{r}}")]
             fifos.append(f)
             workers.append(Worker(core_fn, [f[0].cons(), f[1].cons(), f[2].cons(), f[3].prod(), init, update],
                                   placement=Tile(c, 2 + r)))
