@@ -74,6 +74,24 @@ def test_transfers_are_explicit_at_boundaries():
                 t.kind == "transfer" and t.name.split(":")[1] in g.tensors]  # fmt: skip
 
 
+def test_prefill_on_npu_hands_the_kv_cache_to_the_decode_device():
+    cfg = preset("gemma3-27b")
+    specs = weight_specs_for(cfg, "q4_k_m")
+    moves = {}
+    for plat in ("phoenix", "h100+npu1"):
+        r = project(cfg, specs, "npu-prefill-igpu-decode", "prefill", platform=plat, prompt_tokens=2048)
+        moves[plat] = [t for t in r.tasks if t.name.startswith("xfer:kv_cache.")]
+    kv = moves["phoenix"]
+    assert len(kv) == cfg.n_layers and all(t.name.endswith(":npu->vulkan") for t in kv)
+    per_token = 2 * cfg.kv_dim * 2
+    sizes = sorted({t.nbytes for t in kv})  # sliding-window layers move their window, global layers all 2048
+    assert sizes == [cfg.sliding_window * per_token, 2048 * per_token]
+    assert "zero-copy" in kv[0].how and "PCIe" in moves["h100+npu1"][0].how
+    for strategy in ("npu-attention", "all-igpu"):
+        r = project(cfg, specs, strategy, "prefill")
+        assert not [t for t in r.tasks if t.name.startswith("xfer:kv_cache.")]
+
+
 def test_transfer_cost_zero_copy_vs_pcie():
     unified, how_u = transfer_seconds(1 << 20, "vulkan", "npu", get_platform("phoenix"))
     copy, how_c = transfer_seconds(1 << 20, "vulkan", "npu", get_platform("h100+npu1"))
@@ -131,6 +149,7 @@ def test_run_placed_tokens_equal_reference(tmp_path):
         assert all(s["tokens_per_s"] > 0 for s in res["steps"])
     first = res["steps"][0]
     assert first["ops_by_device"].get("npu", 0) > 0 and first["measured_host_copies"]["count"] > 0
+    assert first["transfer_bytes"] > 0 and res["steps"][1]["ops_by_device"] == {"vulkan": len(model.graph(1).ops)}
     assert np.isfinite(first["step_s"]) and TINY.n_layers == 3
 
 

@@ -4,7 +4,8 @@ transfers where a tensor crosses devices, and the step's timeline, tokens/s and 
 Named strategies (:data:`STRATEGIES`) come from the design notes this project grew from. The NPU takes
 only the op kinds its schedules cover (:data:`workbench.backends.npu.NPU_KINDS`); other ops of an NPU
 segment go to the iGPU, and every crossing is a transfer: zero-copy (a cache flush and a queue sync) on
-unified-memory laptops, a copy over PCIe where the devices have separate memory.
+unified-memory laptops, a copy over PCIe where the devices have separate memory. Where prefill and decode
+run attention on different devices, each layer's KV cache moves once after prefill (also a transfer).
 
 How each time is obtained, and said in every result: NPU ops ``emulated`` (AIE cost model); iGPU ops
 ``projected`` (roofline of the device profile with the efficiency factors below) unless a real backend ran
@@ -38,6 +39,8 @@ DISPATCH_S = 5e-6
 # separate memory copies over PCIe 4.0 x16 (~25 GB/s achieved) with ~10 us latency
 SYNC_S = 10e-6
 PCIE_BW, PCIE_LATENCY_S = 25e9, 10e-6
+# bytes per cached K or V value when the cache moves between devices (fp16/bf16 caches)
+KV_BYTES = 2
 
 ATTN_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "rope_q", "rope_k",
               "attn", "attn_output", "post_attention_norm", "attn_residual")  # fmt: skip
@@ -193,6 +196,31 @@ def step_tasks(
     return tasks
 
 
+def kv_handoffs(graph: Graph, strategy: str, first_n: int | None) -> list[tuple[Op, str, str, int]]:
+    """``(attention op, from, to, bytes)`` for each layer's KV cache that a prefill step writes on one device
+    and decode reads on another (``npu-prefill-igpu-decode``); sliding-window layers move only their window."""
+    here = assign(graph, strategy, "prefill", first_n)
+    there = assign(graph, strategy, "decode", first_n)
+    out = []
+    for op in graph.ops:
+        if op.kind == "attention" and here[op.name] != there[op.name]:
+            a = op.attrs
+            keys = min(graph.n_tokens, a.get("window", 0) or graph.n_tokens)
+            out.append((op, here[op.name], there[op.name], 2 * keys * a["n_kv_heads"] * a["head_dim"] * KV_BYTES))
+    return out
+
+
+def handoff_tasks(handoffs: list[tuple[Op, str, str, int]], tasks: list[Task], platform: Platform) -> list[Task]:
+    """The KV-cache moves of :func:`kv_handoffs` as explicit transfers after the attention op that wrote them."""
+    index = {t.name: i for i, t in enumerate(tasks)}
+    out = []
+    for op, src, dst, nbytes in handoffs:
+        sec, how = transfer_seconds(nbytes, src, dst, platform)
+        out.append(Task(f"xfer:kv_cache.{op.layer}:{src}->{dst}", "link", sec, how, (index[op.name],), "transfer",
+                        nbytes))  # fmt: skip
+    return out
+
+
 @dataclass
 class PhaseResult:
     strategy: str
@@ -286,6 +314,8 @@ def project(
         return sec, how
 
     tasks = step_tasks(graph, assignment, op_time, plat)
+    if phase == "prefill":
+        tasks += handoff_tasks(kv_handoffs(graph, strategy, first_n), tasks, plat)
     power = {d: plat.profile(d).power_w for d in DEVICES}
     power["link"] = 0.0  # transfer energy is in the devices' busy time of their sync work: not counted twice
     return PhaseResult(strategy, phase, t * sequences, schedule(tasks, sequences), tasks, power)
@@ -428,6 +458,14 @@ def _run_mixed(model, strategy, prompt_ids, decode_tokens, plat: Platform, npu_d
         for s in step.seqs:
             s.cache.length = int(step.positions[s.stop - 1]) + 1
         tasks = step_tasks(graph, assignment, lambda op, dev, timed=timed: timed[op.name], plat)
+        if phase == "prefill":
+            moves = kv_handoffs(graph, strategy, first_n)
+            for op, _, dst, _ in moves:  # the host copy of each moved layer cache, measured
+                layer = cache.layers[op.layer]
+                t0 = time.perf_counter()
+                layer.keys, layer.values = layer.keys.copy(), layer.values.copy()
+                copies[(f"kv_cache.{op.layer}", dst)] = time.perf_counter() - t0
+            tasks += handoff_tasks(moves, tasks, plat)
         res = PhaseResult(strategy, phase, len(tokens), schedule(tasks), tasks, power).summary()
         res["measured_host_copies"] = {"count": len(copies), "seconds": sum(copies.values())}
         phases.append(res)
