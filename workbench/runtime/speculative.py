@@ -11,8 +11,9 @@ Draft sources (``propose(context, k) -> list[int]``):
 
 * :class:`NgramDrafter`: prompt lookup: the tokens that followed the latest earlier occurrence of the
   context's last n-gram (free; strong on repetitive text, code, extraction).
-* :class:`LayerSkipDrafter`: the same model with only its first layers (a cheaper configuration of the same
-  weights), decoding greedily from its own KV cache.
+* :class:`ModelDrafter`: a cheaper configuration of the same model decoding greedily from its own KV cache:
+  its first layers only (:func:`layer_skip_model`) or its weights re-quantized (e.g. int4); see
+  :func:`make_drafter`.
 """
 
 from __future__ import annotations
@@ -59,21 +60,16 @@ class NgramDrafter:
         return []
 
 
-class LayerSkipDrafter:
-    """The model's first ``n_layers`` layers, then its final norm and head: a draft from the same weights.
+class ModelDrafter:
+    """Greedy drafts from a cheaper model that shares the vocabulary (a configuration of the same model).
 
     It keeps its own KV cache in step with the context it is asked about (common prefix kept, the rest
     truncated and fed again), so each call costs about k small decode steps.
     """
 
-    def __init__(self, model: Model, n_layers: int, backend: str = "numpy", **backend_options: Any):
-        if not 1 <= n_layers < model.config.n_layers:
-            raise ValueError(f"n_layers must be in 1..{model.config.n_layers - 1}, got {n_layers}")
-        c = model.config
-        config = replace(c, n_layers=n_layers, layer_types=c.layer_types[:n_layers], name=f"{c.name}-draft")
-        draft = Model(config, model.weights, model.tokenizer, model.source, model.kind)
-        self.engine = Engine(draft, backend, **backend_options)
-        self.name = f"layers:{n_layers}/{model.config.n_layers}"
+    def __init__(self, model: Model, name: str, backend: str = "numpy", **backend_options: Any):
+        self.engine = Engine(model, backend, **backend_options)
+        self.name = name
         self._seq = None
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
@@ -96,6 +92,39 @@ class LayerSkipDrafter:
         while len(out) < k and seq.cache.length + 1 <= seq.cache.max_len:
             out.append(int(np.argmax(self.engine.forward(seq, [out[-1]]))))
         return out
+
+
+def layer_skip_model(model: Model, n_layers: int) -> Model:
+    """The model's first ``n_layers`` layers, then its final norm and head (the same weights)."""
+    if not 1 <= n_layers < model.config.n_layers:
+        raise ValueError(f"draft layers must be in 1..{model.config.n_layers - 1}, got {n_layers}")
+    c = model.config
+    config = replace(c, n_layers=n_layers, layer_types=c.layer_types[:n_layers], name=f"{c.name}-draft")
+    return Model(config, model.weights, model.tokenizer, model.source, model.kind)
+
+
+def make_drafter(spec: str, model: Model, backend: str = "numpy", **backend_options: Any) -> Drafter:
+    """A draft source from its spec: ``ngram`` or ``ngram:MIN-MAX`` (prompt lookup), ``layers:N`` (the first
+    N layers of ``model``), ``quant:SPEC`` (``model`` re-quantized, e.g. ``quant:int4-g32``)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "ngram":
+        lo, _, hi = (arg or "1-3").partition("-")
+        try:
+            return NgramDrafter(int(hi or lo), int(lo))
+        except ValueError:
+            raise ValueError(f"bad n-gram range in draft spec {spec!r} (expected ngram:MIN-MAX)") from None
+    if kind == "layers":
+        if not arg.isdigit():
+            raise ValueError(f"draft spec {spec!r}: expected layers:N")
+        draft = layer_skip_model(model, int(arg))
+        return ModelDrafter(draft, f"layers:{arg}/{model.config.n_layers}", backend, **backend_options)
+    if kind == "quant":
+        from ..quant.requant import requantize
+
+        if not arg:
+            raise ValueError(f"draft spec {spec!r}: expected quant:SPEC (e.g. quant:int4-g32)")
+        return ModelDrafter(requantize(model, arg, progress=False), f"quant:{arg}", backend, **backend_options)
+    raise ValueError(f"unknown draft source {spec!r} (ngram[:MIN-MAX], layers:N, quant:SPEC)")
 
 
 @dataclass
