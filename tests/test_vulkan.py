@@ -127,6 +127,7 @@ def test_tensors_split_by_storage_buffer_range(tiny, monkeypatch):
         "attention.split_keys=2,attention.tile=8,attention.wg=64",
         "fused=0,timestamps=0",
         "attention.fused_combine=0,attention.kv_in_rope=0,matmul.coop=0,matvec.post_norm=0",
+        "attention.fused_combine=1,attention.split_keys=16",
     ],
 )
 def test_tunables_keep_results(tiny, tune):
