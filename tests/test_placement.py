@@ -172,3 +172,52 @@ def test_single_device_placements_run_on_real_backends_and_say_measured(tmp_path
         pytest.skip(f"no Vulkan device here: {e}")
     assert gpu["output_ids"][:2] == ref.output_ids[:2]  # fp16/fp32 GPU kernels: the first tokens agree
     assert all(h.startswith("vulkan: measured (vulkan backend on") for s in gpu["steps"] for h in s["how"])
+
+
+def test_custom_rules_reproduce_the_named_strategies():
+    g = _graph()
+    for phase in ("prefill", "decode"):
+        same = [
+            ("custom:attn=npu", "npu-attention", None),
+            ("custom:ffn=npu", "npu-ffn", None),
+            ("custom:layers:0-5=npu", "npu-first-N-layers", 6),
+            ("custom:prefill/all=npu", "npu-prefill-igpu-decode", None),
+            ("custom:all=cpu", "all-cpu", None),
+        ]
+        for custom, named, n in same:
+            assert assign(g, custom, phase) == assign(g, named, phase, first_n=n), (custom, phase)
+
+
+def test_custom_rules_override_left_to_right_and_check_their_input():
+    g = _graph()
+    a = assign(g, "custom:all=cpu,attn=npu,op:blk.2.attn=vulkan")
+    assert a["blk.3.attn"] == "npu" and a["blk.2.attn"] == "vulkan" and a["blk.3.ffn_down"] == "cpu"
+    assert a["blk.3.rope_q"] == "cpu"  # the NPU has no rope schedule: the op keeps the earlier rule's device
+    assert assign(g, "custom:decode/kind:matmul=npu", "prefill") == assign(g, "all-igpu", "prefill")
+    for bad, msg in [
+        ("custom:", "no rules"),
+        ("custom:attn", "SELECTOR=DEVICE"),
+        ("custom:attn=gpu", "device must be"),
+        ("custom:blocks=npu", "selector must be"),
+        ("custom:layers:x=npu", "layers takes"),
+        ("custom:layers:5-2=npu", "empty"),
+        ("custom:layers:0-99=npu", "has 18 layers"),
+        ("custom:kind:add=npu", "NPU schedules cover"),
+        ("custom:kind:conv=cpu", "no such kind"),
+        ("custom:op:blk.0.ffn_act=npu", "no NPU schedule"),
+        ("custom:op:nope=cpu", "no op of that name"),
+        ("custom:warmup/all=npu", "phase prefix"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            assign(g, bad)
+
+
+def test_custom_placement_with_cpu_ops_runs_and_measures_them(tmp_path):
+    model = wb.load(str(write_tiny_gguf(tmp_path / "t.gguf")))
+    ids = list(range(10, 22))
+    ref = wb.Engine(model, "numpy").generate(ids, 2)
+    res = run_placed(model, "custom:all=cpu,attn=npu", ids, decode_tokens=1)
+    assert res["output_ids"] == ref.output_ids
+    how = res["steps"][1]["how"]
+    assert "cpu: measured (numpy reference, this host)" in how and any(h.startswith("npu: emulated") for h in how)
+    assert main(["placement", "--json", "-m", "gemma3-270m", "-s", "custom:ffn=npu"]) == 0

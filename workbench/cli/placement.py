@@ -22,8 +22,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--model", "-m", action="append", default=None,
                    help="model config preset, repeatable (default: gemma3-270m and gemma3-27b); with --run a loadable model")  # fmt: skip
-    p.add_argument("--strategy", "-s", action="append", choices=list(STRATEGIES), default=None,
-                   help="strategy, repeatable (default: all iGPU/NPU strategies)")  # fmt: skip
+    p.add_argument("--strategy", "-s", action="append", type=_strategy, default=None,
+                   help="strategy, repeatable (default: all iGPU/NPU strategies), or custom:RULES, e.g. "
+                   "custom:all=cpu,attn=npu or custom:layers:0-5=npu,prefill/all=npu (see README)")  # fmt: skip
     p.add_argument(
         "--platform", default="phoenix", choices=list(PLATFORMS), help="devices behind cpu/vulkan/npu"
     )
@@ -49,6 +50,21 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run)
 
 
+def _strategy(text: str) -> str:
+    from ..runtime.placement import STRATEGIES
+    from ..runtime.placement_rules import is_custom, parse_rules
+
+    if is_custom(text):
+        try:
+            parse_rules(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    if text not in STRATEGIES:
+        raise argparse.ArgumentTypeError(f"unknown strategy {text!r} (known: {', '.join(STRATEGIES)}, custom:RULES)")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     from ..runtime.placement import STRATEGIES, run_placed, sweep
     from . import emit_json
@@ -67,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         "sequences": args.sequences,
         "rows": rows,
         "how": "NPU ops emulated (AIE cost model); iGPU/CPU ops projected (roofline of the device profiles); "
-        "transfers modeled; energy = busy time x device active power (projected)",
+        "transfers modeled; energy = busy time x device active power (projected; n/a where a busy device has no power figure)",
     }
     if args.json:
         emit_json(out)
@@ -76,12 +92,13 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"placement sweep on {args.platform} (NPU {args.npu_dtype}, launch per {args.npu_launch}; {out['how']})"
     )
-    print(f"{'model':<12} {'strategy':<24} {'decode tok/s':>12} {'J/token':>8} {f'x{args.sequences} seq tok/s':>14} "
+    w = max(24, *(len(r["strategy"]) for r in rows))
+    print(f"{'model':<12} {'strategy':<{w}} {'decode tok/s':>12} {'J/token':>8} {f'x{args.sequences} seq tok/s':>14} "
           f"{'prefill tok/s':>13} {'J/token':>8} {'transfers':>9}")  # fmt: skip
     for r in rows:
         dj, pj = r["decode_j_per_token"], r["prefill_j_per_token"]
-        print(f"{r['model']:<12} {r['strategy']:<24} {r['decode_tok_s']:>12.2f} {dj if dj is None else f'{dj:.3f}':>8} "
-              f"{r[seq]:>14.2f} {r['prefill_tok_s']:>13.1f} {pj if pj is None else f'{pj:.4f}':>8} "
+        print(f"{r['model']:<12} {r['strategy']:<{w}} {r['decode_tok_s']:>12.2f} {'n/a' if dj is None else f'{dj:.3f}':>8} "
+              f"{r[seq]:>14.2f} {r['prefill_tok_s']:>13.1f} {'n/a' if pj is None else f'{pj:.4f}':>8} "
               f"{r['decode_transfers']:>9}")  # fmt: skip
     return 0
 

@@ -26,9 +26,9 @@ from ..models.config import ModelConfig
 from ..models.gemma3 import build_graph
 from ..ops.graph import STEP_INPUTS, Graph, Op, WeightSpec
 from ..ops.kinds import distinct_keys, op_cost
+from .placement_rules import DEVICES, assign_rules, block_of, is_custom
 from .timeline import Task, Timeline, schedule
 
-DEVICES = ("cpu", "vulkan", "npu")
 # roofline efficiency of projected GPU/CPU ops: DESIGN.md section 6 (llama.cpp decode on the 780M implies
 # ~73-80 of 89.6 GB/s), half of peak FLOP/s for matmul-heavy prefill, a few us per dispatch of a
 # recorded-and-replayed command buffer
@@ -41,10 +41,6 @@ SYNC_S = 10e-6
 PCIE_BW, PCIE_LATENCY_S = 25e9, 10e-6
 # bytes per cached K or V value when the cache moves between devices (fp16/bf16 caches)
 KV_BYTES = 2
-
-ATTN_BLOCK = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "rope_q", "rope_k",
-              "attn", "attn_output", "post_attention_norm", "attn_residual")  # fmt: skip
-FFN_BLOCK = ("ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "post_ffw_norm", "ffn_residual")
 
 STRATEGIES = {
     "all-igpu": "every op on the iGPU",
@@ -86,25 +82,25 @@ def get_platform(name: str) -> Platform:
         raise ValueError(f"unknown platform {name!r} (known: {', '.join(PLATFORMS)})") from None
 
 
-def _block(op: Op) -> str:
-    part = op.name.split(".")[-1] if op.layer is not None else ""
-    return "attn" if part in ATTN_BLOCK else "ffn" if part in FFN_BLOCK else "other"
-
-
 def assign(graph: Graph, strategy: str, phase: str = "decode", first_n: int | None = None) -> dict[str, str]:
-    """Op name -> device for ``strategy`` (see :data:`STRATEGIES`); ``phase`` is prefill or decode."""
+    """Op name -> device for ``strategy``: a name of :data:`STRATEGIES` or ``custom:`` rules
+    (:mod:`workbench.runtime.placement_rules`); ``phase`` is prefill or decode."""
     from ..backends.npu import NPU_KINDS
 
+    if is_custom(strategy):
+        return assign_rules(graph, strategy, phase, NPU_KINDS)
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+        raise ValueError(
+            f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)}, or custom:RULES)"
+        )
     n = graph.config.n_layers // 2 if first_n is None else first_n
     if not 0 <= n <= graph.config.n_layers:
         raise ValueError(f"first_n must be in 0..{graph.config.n_layers}, got {first_n}")
     wants_npu: Callable[[Op], bool] = {
         "all-igpu": lambda op: False,
         "all-cpu": lambda op: False,
-        "npu-attention": lambda op: _block(op) == "attn",
-        "npu-ffn": lambda op: _block(op) == "ffn",
+        "npu-attention": lambda op: block_of(op) == "attn",
+        "npu-ffn": lambda op: block_of(op) == "ffn",
         "npu-first-N-layers": lambda op: op.layer is not None and op.layer < n,
         "npu-prefill-igpu-decode": lambda op: phase == "prefill",
     }[strategy]
@@ -448,6 +444,10 @@ def _run_mixed(model, strategy, prompt_ids, decode_tokens, plat: Platform, npu_d
                     where[t] = dev
             if dev == "npu":
                 timed[op.name] = (npu._kernel_for(op)(npu, op, env, step), f"emulated (AIE cost model, {npu.array.key})")
+            elif dev == "cpu":
+                t0 = time.perf_counter()
+                _host_kernel(npu, op, env, step)
+                timed[op.name] = (time.perf_counter() - t0, "measured (numpy reference, this host)")
             else:
                 _host_kernel(npu, op, env, step)
                 prof = plat.profile(dev)
