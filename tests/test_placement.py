@@ -115,6 +115,7 @@ def test_project_labels_how_each_time_was_obtained():
     assert any(h.startswith("vulkan: projected") for h in r["how"])
     assert any(h.startswith("link: modeled") for h in r["how"])
     assert r["tokens_per_s"] > 0 and r["j_per_token"] > 0
+    assert r["energy_how"].startswith("projected") and "npu 1.5 W" in r["energy_how"]
     seg = project(CFG, SPECS, "npu-attention", "decode", npu_launch="segment")
     assert seg.tokens_per_s > r["tokens_per_s"]
 

@@ -235,6 +235,16 @@ class PhaseResult:
         e = self.timeline.energy_j(self.power_w)
         return None if e is None else e / self.tokens
 
+    @property
+    def energy_how(self) -> str:
+        """How J/token is obtained: busy seconds x each busy device's active power (from its profile)."""
+        watts = ", ".join(
+            f"{d} {'no figure' if self.power_w.get(d) is None else f'{self.power_w[d]:g} W'}"
+            for d, s in self.timeline.busy.items()
+            if s > 0 and d != "link"
+        )
+        return f"projected (busy time x active power of the device profiles: {watts})"
+
     def summary(self) -> dict:
         by_dev: dict[str, int] = {}
         for t in self.tasks:
@@ -254,6 +264,7 @@ class PhaseResult:
             "transfers": len(xfers),
             "transfer_bytes": sum(t.nbytes for t in xfers),
             "how": how,
+            "energy_how": self.energy_how,
         }
 
 
@@ -368,6 +379,7 @@ def sweep(
                 "decode_ops_by_device": dec.summary()["ops_by_device"],
                 "decode_transfers": dec.summary()["transfers"],
                 "how": sorted(set(dec.summary()["how"]) | set(pre.summary()["how"])),
+                "energy_how": dec.energy_how,
             }
         )
     return rows
