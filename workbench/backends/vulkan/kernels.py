@@ -144,7 +144,7 @@ KERNELS: dict[str, KernelSpec] = {
 
 # tunables that are not specialization constants but change how the program is built
 PROGRAM_TUNABLES = {
-    "attention.split_keys": 64,
+    "attention.split_keys": 32,
     "argmax.block": 4096,
     "matvec.max_tokens": 8,
     "matmul.coop": 1,
@@ -163,8 +163,8 @@ class Tuning:
         sg = max(feats.subgroup_size, 1)
         wide = max(32, sg)
         self.values: dict[str, int] = {
-            "matvec.wg": max(128, wide),
-            "matvec.row_threads": 2 * wide,
+            "matvec.wg": max(256, wide),
+            "matvec.row_threads": 4 * wide,
             "matvec.row_threads_tall": min(16, wide),
             "matmul.wg": 256,
             "matmul.wg_m": 16,
