@@ -3,7 +3,10 @@
 // quantized values of a row are contiguous and 32-bit aligned. `pl` holds the planes' word offsets.
 //
 // Include with WBUF set to the weight buffer (w32 or w32b) and DEQ8 to the function name; the format is
-// chosen by one of FMT_F32, FMT_F16, FMT_BF16, FMT_Q8_0, FMT_Q5_0, FMT_Q4_K, FMT_Q6_K.
+// chosen by one of FMT_F32, FMT_F16, FMT_BF16, FMT_Q8_0, FMT_Q5_0, FMT_Q4_K, FMT_Q6_K (GGUF blocks) or the
+// re-quantized planar formats of workbench/quant/planar.py: FMT_I8 (int8 per output channel: planes q, f32
+// scale per row) and FMT_I4 with I4_GROUP=32/64/128 (planes q nibbles in split-halves order per group, f16
+// scale per group, and with I4_ASYM a uint8 zero point per group).
 // DEQ8(pl, K, row, c, lo, hi) decodes the 8 values at columns 8c..8c+7 of `row` (K columns).
 
 #ifndef QUANT_HELPERS
@@ -84,6 +87,29 @@ void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
     for (uint i = 0u; i < 8u; ++i) {
         v[i] = float(int(((byte_of(ql, i) >> lsh) & 0xFu) | (((byte_of(qh, i) >> hsh) & 3u) << 4)) - 32);
     }
+    lo = d * vec4(v[0], v[1], v[2], v[3]);
+    hi = d * vec4(v[4], v[5], v[6], v[7]);
+#elif defined(FMT_I8)
+    uint b = pl.x + e / 4u;
+    float d = uintBitsToFloat(WBUF[pl.y + row]);
+    int w0 = int(WBUF[b]), w1 = int(WBUF[b + 1]);
+    lo = d * vec4(bitfieldExtract(w0, 0, 8), bitfieldExtract(w0, 8, 8), bitfieldExtract(w0, 16, 8), bitfieldExtract(w0, 24, 8));
+    hi = d * vec4(bitfieldExtract(w1, 0, 8), bitfieldExtract(w1, 8, 8), bitfieldExtract(w1, 16, 8), bitfieldExtract(w1, 24, 8));
+#elif defined(FMT_I4)
+    const uint HALF = I4_GROUP / 2u;
+    uint col = 8u * c, g = col / I4_GROUP, o = col % I4_GROUP;
+    uint byte0 = row * (K / 2u) + g * HALF + (o % HALF);
+    uvec2 q = uvec2(WBUF[pl.x + byte0 / 4u], WBUF[pl.x + byte0 / 4u + 1u]);
+    uint sh = o >= HALF ? 4u : 0u;
+    uint gi = row * (K / I4_GROUP) + g;
+    float d = half_at(WBUF[pl.y + gi / 2u], gi & 1u);
+#ifdef I4_ASYM
+    float z = float((WBUF[pl.z + gi / 4u] >> ((gi & 3u) * 8u)) & 0xFFu);
+#else
+    float z = 8.0;
+#endif
+    float v[8];
+    for (uint i = 0u; i < 8u; ++i) v[i] = float((byte_of(q, i) >> sh) & 0xFu) - z;
     lo = d * vec4(v[0], v[1], v[2], v[3]);
     hi = d * vec4(v[4], v[5], v[6], v[7]);
 #else

@@ -82,6 +82,30 @@ def test_each_weight_format_matches_numpy(quant, tmp_path):
     compare(model, TOKENS)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    ["int8", "int4-g32", "int4-g64-asym", "int4-g128,ffn_down=int8,attn_q=bf16,attn_k=fp16,attn_v=fp32"],
+)
+def test_requantized_planar_formats_match_numpy(spec, tmp_path):
+    """int8 per-channel and int4 group-wise (sym/asym, each group size) matvec/GEMM shaders, mixed precision."""
+    from workbench.quant.requant import requantize
+
+    base = wb.load(str(write_synthetic(SMALL, "q8_0", tmp_path / "q8.gguf", progress=False)))
+    model = requantize(base, spec, progress=False)
+    ev = compare(model, TOKENS)
+    fmts = {w.fmt for w in ev.backend._weights.values()}
+    assert fmts >= {spec.split(",")[0]}
+
+
+def test_dynamic_activation_formats_are_a_clear_error(tmp_path):
+    from workbench.backends.base import UnsupportedOpError
+    from workbench.quant.requant import requantize
+
+    base = wb.load(str(write_synthetic(SMALL, "q8_0", tmp_path / "q8.gguf", progress=False)))
+    with pytest.raises(UnsupportedOpError, match=r"\+a8"):
+        vulkan_engine(requantize(base, "int8+a8", progress=False))
+
+
 def test_bf16_hf_weights_match_numpy(tmp_path):
     model = wb.load(str(write_tiny_hf(tmp_path / "hf", dtype="bfloat16")))
     assert any(t.type.name == "BF16" for t in model.weights.values())

@@ -15,6 +15,12 @@ from .device import DeviceFeatures, VulkanDevice
 from .shaders import compile_shader
 
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_K", "Q6_K")
+# decoder defines of every weight format (GGUF blocks, then the re-quantized planar int8 / int4 formats)
+FORMAT_DEFINES: tuple[tuple[str, ...], ...] = (
+    *((f"FMT_{f}",) for f in FORMATS),
+    ("FMT_I8",),
+    *(("FMT_I4", f"I4_GROUP={g}", *a) for g in (32, 64, 128) for a in ((), ("I4_ASYM",))),
+)
 PUSH_BYTES = 128
 PARAM_STRIDE_ID = 15
 
@@ -279,11 +285,10 @@ def _coop_errors(v: dict[str, int], f: DeviceFeatures) -> list[str]:
 def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (shader, defines) the backend can use (for building the SPIR-V cache ahead of time)."""
     out = []
-    for fmt in FORMATS:
-        f = f"FMT_{fmt}"
-        out += [("matvec", (f,)), ("matvec", (f, "NORM")), ("matvec", (f, "GELU_PAIR", "NORM")),
-                ("matvec", (f, "GELU_PAIR")), ("matvec", (f, "POST_NORM_ADD")), ("matmul", (f,)),
-                ("matmul_coop", (f,)), ("embed", (f,))]  # fmt: skip
+    for f in FORMAT_DEFINES:
+        out += [("matvec", f), ("matvec", (*f, "NORM")), ("matvec", (*f, "GELU_PAIR", "NORM")),
+                ("matvec", (*f, "GELU_PAIR")), ("matvec", (*f, "POST_NORM_ADD")), ("matmul", f),
+                ("matmul_coop", f), ("embed", f)]  # fmt: skip
     out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
     out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",), ("KV_OUT",), ("KV_OUT", "NO_NORM"))]

@@ -126,7 +126,7 @@ class Builder:
                         r_stride=self.widths[res] if res else 0, o_off=Ref(out) if out else 0,
                         o_stride=self.widths[out] if out else 0, pw_off=b.small_offset(pw) if pw else 0,
                         peps=peps, cnt_off=Ref(counter) if counter else 0)  # fmt: skip
-            defines = [f"FMT_{w.fmt}"] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
+            defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["POST_NORM_ADD"] if post else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
             rt = b.tuning["matvec.row_threads_tall" if tall else "matvec.row_threads"]
@@ -155,7 +155,7 @@ class Builder:
             push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(x), x_stride=k,
                         y_off=Ref(y), y_stride=self.widths[y])  # fmt: skip
             groups = (-(-part.rows // bn), -(-t // bm), 1)
-            self.add(op, b.gemm_kernel, push, groups, [x], [y], [f"FMT_{w.fmt}"], spec, weight=part.buffer)
+            self.add(op, b.gemm_kernel, push, groups, [x], [y], list(w.defines), spec, weight=part.buffer)
 
     def matmul(self, op: Op, x: str, y: str, wname: str) -> None:
         if self.rows(x) <= self.backend.tuning["matvec.max_tokens"]:
@@ -201,7 +201,7 @@ class Builder:
             push = dict(pl=part.planes, K=w.cols, N=part.rows, row0=part.row0, y_off=Ref(y), y_stride=w.cols,
                         scale=op.attrs["scale"])  # fmt: skip
             wg = b.tuning["embed.wg"]
-            self.add(op, "embed", push, (-(-(w.cols // 8) // wg), t, 1), ["params"], [y], [f"FMT_{w.fmt}"],
+            self.add(op, "embed", push, (-(-(w.cols // 8) // wg), t, 1), ["params"], [y], list(w.defines),
                      weight=part.buffer)  # fmt: skip
 
     def attention(self, op: Op) -> None:

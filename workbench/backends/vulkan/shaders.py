@@ -45,7 +45,7 @@ def _key(name: str, defines: tuple[str, ...]) -> str:
 
 def variant_name(name: str, defines: Iterable[str]) -> str:
     """``matvec`` + ``(FMT_Q4_K, NORM)`` -> ``matvec_q4_k_norm`` (the llama.cpp naming habit)."""
-    parts = [d.split("=")[0].removeprefix("FMT_").removeprefix("OP_").lower() for d in defines]
+    parts = [d.replace("=", "").removeprefix("FMT_").removeprefix("OP_").lower() for d in defines]
     return "_".join([name, *parts])
 
 

@@ -1,5 +1,8 @@
 """Weights on the device in a planar layout of their native blocks (no dequantization on the host).
 
+Re-quantized weights (:class:`workbench.quant.planar.PlanarTensor`: fp32/fp16/bf16, int8 per channel, int4
+group-wise) are planar already and go up plane by plane.
+
 Each GGUF block field (scales, high bits, quantized values) is gathered into its own contiguous plane, so a
 row's quantized values are contiguous and 32-bit aligned for the shaders (``shaders/quant.glsl``); the bits
 are those of the file. A tensor larger than the device's ``maxStorageBufferRange`` is split by rows into parts,
@@ -15,6 +18,7 @@ import numpy as np
 from ...models.weights import QTensor
 from ...quant.formats import FORMATS as BLOCK_FORMATS
 from ...quant.formats import GGMLType
+from ...quant.planar import PlanarTensor
 from ..base import UnsupportedOpError
 from .memory import Buffer, Transfers
 
@@ -52,14 +56,11 @@ class WeightPart:
 @dataclass
 class DeviceWeight:
     name: str
-    type: GGMLType
+    fmt: str  # GGUF type name (Q4_K ...) or the planar format's name (int4-g32 ...)
     rows: int
     cols: int
     parts: list[WeightPart]
-
-    @property
-    def fmt(self) -> str:
-        return self.type.name
+    defines: tuple[str, ...] = ()  # shader defines that select the decoder (quant.glsl)
 
     @property
     def nbytes(self) -> int:
@@ -70,23 +71,54 @@ def _padded(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def upload_weight(t: QTensor, transfers: Transfers, limit: int) -> DeviceWeight:
+PLANAR_PLAIN = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
+
+
+def planar_defines(t: PlanarTensor) -> tuple[str, ...]:
+    """Decoder defines of a re-quantized planar weight; a clear error for formats without a shader."""
+    f = t.type
+    if f.act8:
+        raise UnsupportedOpError(
+            f"vulkan backend: tensor {t.name!r} is {f.name}: dynamic int8 activations (+a8) have no Vulkan "
+            f"kernel; use {f.name.removesuffix('+a8')} (same weights, float activations)"
+        )
+    if f.kind in PLANAR_PLAIN:
+        return (f"FMT_{PLANAR_PLAIN[f.kind]}",)
+    if f.kind == "int8":
+        return ("FMT_I8",)
+    return ("FMT_I4", f"I4_GROUP={f.group}") + (() if f.symmetric else ("I4_ASYM",))
+
+
+def _planar_planes(t: PlanarTensor, r0: int, r1: int) -> list[np.ndarray]:
+    order = ("q", "scale", "zero")
+    return [
+        np.ascontiguousarray(t.planes[k][r0:r1]).reshape(-1).view(np.uint8) for k in order if k in t.planes
+    ]
+
+
+def upload_weight(t: QTensor | PlanarTensor, transfers: Transfers, limit: int) -> DeviceWeight:
     """Upload a matrix weight as planar blocks, split into parts of at most ``limit`` bytes."""
+    if isinstance(t, PlanarTensor):
+        defines = planar_defines(t)
+        return _upload(t, transfers, limit, t.type.name, defines, lambda r0, r1: _planar_planes(t, r0, r1))
     if t.type not in SUPPORTED:
         raise UnsupportedOpError(
             f"vulkan backend: tensor {t.name!r} has type {t.type.name}, which has no Vulkan kernel "
             f"(supported: {', '.join(x.name for x in SUPPORTED)})"
         )
-    if t.cols % 8:
-        raise UnsupportedOpError(
-            f"vulkan backend: tensor {t.name!r} has {t.cols} columns (must be a multiple of 8)"
-        )
     raw = t.raw
+    return _upload(t, transfers, limit, t.type.name, (f"FMT_{t.type.name}",),
+                   lambda r0, r1: planes_of(raw[r0:r1], t.type))  # fmt: skip
+
+
+def _upload(
+    t, transfers: Transfers, limit: int, fmt: str, defines: tuple[str, ...], planes_for
+) -> DeviceWeight:
     rows_per_part = max(1, (limit - 64 * ALIGN) // t.row_bytes)
     parts = []
     for r0 in range(0, t.rows, rows_per_part):
-        chunk = raw[r0 : r0 + rows_per_part]
-        planes = planes_of(chunk, t.type)
+        r1 = min(t.rows, r0 + rows_per_part)
+        planes = planes_for(r0, r1)
         offsets, size = [], 0
         for p in planes:
             offsets.append(size)
@@ -95,5 +127,5 @@ def upload_weight(t: QTensor, transfers: Transfers, limit: int) -> DeviceWeight:
         for off, p in zip(offsets, planes):
             transfers.upload(buf, p, off)
         words = tuple(o // 4 for o in offsets) + (0,) * (4 - len(offsets))
-        parts.append(WeightPart(buf, r0, len(chunk), words))  # type: ignore[arg-type]
-    return DeviceWeight(t.name, t.type, t.rows, t.cols, parts)
+        parts.append(WeightPart(buf, r0, r1 - r0, words))  # type: ignore[arg-type]
+    return DeviceWeight(t.name, fmt, t.rows, t.cols, parts, defines)
