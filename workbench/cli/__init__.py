@@ -12,7 +12,7 @@ from typing import Any
 # sub-command -> module under workbench.cli that defines ``add_parser(subparsers)`` and ``run(args)``
 COMMANDS = (
     "generate", "bench", "limits", "info", "devices", "synth", "runs", "sweep", "report", "calibrate", "placement",
-    "serve", "batching", "speculate",
+    "serve", "eval", "batching", "speculate",
 )  # fmt: skip
 
 
@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    if getattr(args, "device", None) is not None and hasattr(args, "tune"):
+        # --device X is the backend tunable device=X (the vulkan backend reads it; others reject it clearly)
+        args.tune = ",".join(x for x in (args.tune, f"device={args.device}") if x)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_json_arg, add_model_args, positive_int
+from .common import add_device_arg, add_json_arg, add_model_args, positive_int
 
 
 def add_parser(sub) -> None:
@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--no-profile", action="store_true", help="skip the profiled run (op rows in the record)")
     p.add_argument("--tune", default=None, help="backend tunables, e.g. matvec.wg=64 (Vulkan)")
+    add_device_arg(p)
     p.add_argument("--debug", action="store_true")
     add_json_arg(p)
     p.set_defaults(handler=run)
@@ -73,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"  peak RSS                 {o['peak_rss_bytes'] / 2**20:.0f} MiB")
     if "decode_host_overhead_share" in o:
         h = o["decode_host_overhead_share"]
-        print(f"  host overhead / decode   {h['median'] * 100:.1f}% of the step ({o['decode_host_overhead_how']})")
+        print(
+            f"  host overhead / decode   {h['median'] * 100:.1f}% of the step ({o['decode_host_overhead_how']})"
+        )
     if "vs_llama_cpp" in res:
         v, t = res["vs_llama_cpp"], res["llama_cpp"]
         print(

@@ -33,7 +33,16 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="backend tunables name=value,... (cpu: act_quant=int16|int8|none, fused=0|1)",
     )
+    add_device_arg(p)
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
+
+
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        default=None,
+        help="vulkan: device index or name substring (see `workbench devices`; default: best GPU)",
+    )
 
 
 def add_json_arg(p: argparse.ArgumentParser) -> None:

@@ -51,12 +51,12 @@ class VulkanBackend(Backend):
     """Runs step graphs on a Vulkan device (``device_id``: index or name; validation: Khronos layer)."""
 
     name = "vulkan"
-    tunable_names = (*KERNEL_TUNABLES, "fused", "timestamps")
+    tunable_names = (*KERNEL_TUNABLES, "fused", "timestamps", "device")
 
     def __init__(self, model: Model, threads: int | None = None, tune: str | None = None,
                  device_id: str | int | None = None, validation: bool | None = None):  # fmt: skip
         super().__init__(model, threads, tune)
-        self.dev = VulkanDevice(device_id, validation)
+        self.dev = VulkanDevice(device_id if device_id is not None else self._tune.get("device"), validation)
         self.programs: OrderedDict[tuple, Recorded] = OrderedDict()
         self._graphs: dict[tuple, Graph] = {}
         self._weights: dict[str, DeviceWeight] = {}
