@@ -328,8 +328,11 @@ class Builder:
                 self.matmul(op, mm.inputs[0], tmp, mm.weights[0])
                 self.rmsnorm(op, tmp, op.outputs[0], norm.weights[0], norm.attrs["eps"], residual=residual)
         elif "parts" in op.attrs:
+            first = len(self.dispatches)
             for part in op.attrs["parts"]:
                 self.emit(part)
+            for d in self.dispatches[first:]:  # device time belongs to the graph's (fused) op
+                d.op = op.name
         else:
             raise UnsupportedOpError(f"vulkan backend: op {op.name!r} has unsupported kind {op.kind!r}")
 
