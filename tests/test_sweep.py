@@ -173,6 +173,7 @@ TINY = {
     "10_workgroup_sweep.ipynb": {"prompt_tokens": 4, "gen_tokens": 2, "repeats": 1, "rows_per_task": 8},
     "11_quantization.ipynb": {"text": "One two three.", "gen_tokens": 2},
     "13_npu_igpu_split.ipynb": {"models": ["gemma3-270m"], "strategies": ["all-igpu", "npu-ffn"], "run_tokens": 0},
+    "14_batching.ipynb": {"batch_sizes": [1, 2], "prompt_tokens": 8, "gen_tokens": 2, "repeats": 1, "prompt_lengths": [4]},
 }
 
 
