@@ -1,15 +1,18 @@
 """``sparse_ffn`` on the cpu backend: decode reads only the kept rows of ffn_up and columns of ffn_down.
 
-Per decode token: the gate projection in full (every activation must be ranked), the mask of
-:func:`workbench.sparsity.ffn.ffn_mask`, then the kept rows of ``ffn_up`` (gathered, multiplied by the
-backend's own kernels for their format), and the down projection as a sum of the kept *columns* of
-``ffn_down``. Those come from a transposed float32 copy made once per layer (exact: the dequantized
-values), because a column of a row-major quantized matrix is spread over every row's blocks. Steps of
-many rows (prefill) compute the masked FFN densely (the masks differ per token).
+Per decode token: the gate projection in full (every activation must be ranked), the kept set of
+:func:`workbench.sparsity.ffn.ffn_mask` (:func:`select_kept`, the same rule compiled), then only the kept
+rows of ``ffn_up`` and the kept *columns* of ``ffn_down``. Up rows in GGUF blocks are read in place by the
+backend's own row kernels (:func:`up_rows_i16` / :func:`up_rows_f32`, same activation quantization as the
+dense matvec); planar up rows are gathered and multiplied by the planar kernels. Down columns come from a
+transposed float32 copy made once per layer (exact: the dequantized values; 5 MiB per 640x2048 layer),
+because a column of a row-major quantized matrix is spread over every row's blocks. Steps of many rows
+(prefill) compute the masked FFN densely (the masks differ per token).
 """
 
 from __future__ import annotations
 
+from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,8 +21,10 @@ from ..._numba import numba
 from ...ops import reference as ref
 from ...ops.graph import Op
 from ...quant.planar import PlanarTensor, fake_quant_rows_int8
-from ...sparsity.ffn import ffn_mask
+from ...sparsity.ffn import ffn_mask, kept_count
 from ..base import Step
+from . import matvec as mv
+from .matvec import _rows_f32, _rows_i16
 from .qformats import PlanarWeight
 
 if TYPE_CHECKING:
@@ -42,6 +47,63 @@ def sum_columns(f, idx, wt, out):  # pragma: no cover - compiled
             for c in range(c0, c1):
                 acc[c - c0] += fj * row[c]
         out[c0:c1] = acc
+
+
+@njit(cache=True)
+def select_kept(g, a, stat, z, k):  # pragma: no cover - compiled
+    """Indices (increasing) a token keeps: ``stat``: g > mean + z * std; else the k largest |a|."""
+    n = g.shape[0]
+    if stat:
+        g64 = g.astype(np.float64)
+        mean = g64.mean()
+        cutoff = mean + np.sqrt(((g64 - mean) ** 2).mean()) * z
+        return np.flatnonzero(g64 > cutoff)
+    absa = np.abs(a)
+    thr = np.partition(absa, n - k)[n - k]
+    idx = np.empty(k, np.int64)
+    m = 0
+    for i in range(n):
+        if absa[i] > thr:
+            idx[m] = i
+            m += 1
+    for i in range(n):  # ties at the threshold: the first ones, up to k
+        if m < k and absa[i] == thr:
+            idx[m] = i
+            m += 1
+    return np.sort(idx[:m])
+
+
+@njit(parallel=True, cache=True)
+def up_rows_i16(fmt, w, n_units, idx, xq, xd, xs, out):  # pragma: no cover - compiled
+    """out[0, j] = dot(row idx[j] of w, x) on GGUF blocks, x int16/int8-quantized per 32-block."""
+    for j in prange(idx.shape[0]):
+        _rows_i16(fmt, w, n_units, idx[j], idx[j] + 1, xq, xd, xs, out, j)
+
+
+@njit(parallel=True, cache=True)
+def up_rows_f32(fmt, w, n_units, idx, x, xs, out):  # pragma: no cover - compiled
+    """:func:`up_rows_i16` with exact float32 activations."""
+    for j in prange(idx.shape[0]):
+        _rows_f32(fmt, w, n_units, idx[j], idx[j] + 1, x, xs, out, j)
+
+
+def _up_kept(b: CpuBackend, w, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The kept rows of ``ffn_up`` times ``x`` (1, hidden), reading only those rows."""
+    if isinstance(w, PlanarWeight) or w.fmt < 0:
+        return b.project_weights(x, [_rows_of(w, idx)])[0][0]
+    from . import ACT_QUANT
+
+    out = np.empty((1, len(idx)), np.float32)
+    levels = ACT_QUANT[b.act_quant]
+    xs = np.empty((1, x.shape[1] // 32), np.float32)
+    if levels:
+        xq, xd = np.empty(x.shape, np.int16), np.empty_like(xs)
+        mv.quantize_rows_i16(x, levels, xq, xd, xs)
+        up_rows_i16(w.fmt, w.data, w.n_units, idx, xq, xd, xs, out)
+    else:
+        mv.block_sums(x, xs)
+        up_rows_f32(w.fmt, w.data, w.n_units, idx, x, xs, out)
+    return out[0]
 
 
 def _rows_of(w: CpuWeight | PlanarWeight, idx: np.ndarray):
@@ -69,18 +131,21 @@ def _sparse_ffn(b: CpuBackend, op: Op, env: dict, step: Step) -> None:
     method, target = op.attrs["method"], op.attrs["target"]
     g = b.project(h, (gname,))[0]
     a = ref.gelu_tanh(g)
-    mask = ffn_mask(g, a, method, target)
     down_fmt = getattr(b.weights[dname], "format", None)
     if h.shape[0] > b.gemv_max_rows:
+        mask = ffn_mask(g, a, method, target)
         u = b.project(h, (uname,))[0]
         f = np.where(mask, a * u, np.float32(0.0)).astype(np.float32)
         env[op.outputs[0]] = b.project(f, (dname,))[0]
         return
     out = np.empty((h.shape[0], b.weights[dname].rows), np.float32)
     wt = _down_t(b, dname)
+    stat = method == "stat"
+    z = NormalDist().inv_cdf(target) if stat else 0.0
+    k = kept_count(g.shape[1], target)
     for t in range(h.shape[0]):
-        idx = np.flatnonzero(mask[t])
-        u = b.project_weights(h[t : t + 1], [_rows_of(b.weights[uname], idx)])[0][0]
+        idx = select_kept(g[t], a[t], stat, z, k)
+        u = _up_kept(b, b.weights[uname], h[t : t + 1], idx)
         f = (a[t, idx] * u).astype(np.float32)
         if down_fmt is not None and down_fmt.act8:
             f = fake_quant_rows_int8(f[None, :])[0]
