@@ -121,12 +121,14 @@ def _figures(exps: list[Experiment]) -> list[tuple[str, Any]]:
         fig = px.bar(done.assign(point=label), x="point", y=m, color="experiment", barmode="group",
                      title=m[2:], labels={m: m[2:]})  # fmt: skip
         figs.append((f"bar {m}", fig))
-    cost = next((m for m in metrics if any(h in m for h in ACCURACY_HINTS)), None)
+    cost = next((m for h in ACCURACY_HINTS for m in metrics if h in m), None)  # perplexity before KL, errors
     if cost and cost != speed:
         d = done.assign(point=label)
-        front = pareto_front(d, speed, cost)
-        fig = px.scatter(d, x=cost, y=speed, color="experiment", hover_name="point", title=f"Pareto: {speed[2:]} vs {cost[2:]}")
-        fig.add_trace(go.Scatter(x=front[cost], y=front[speed], mode="lines+markers", name="Pareto front"))
+        by = "p.backend" if d.get("p.backend", pd.Series(dtype=object)).nunique() > 1 else "experiment"
+        fig = px.scatter(d, x=cost, y=speed, color=by, hover_name="point", title=f"Pareto: {speed[2:]} vs {cost[2:]}")
+        for key, part in d.groupby(by):  # one front per backend (or experiment)
+            front = pareto_front(part, speed, cost)
+            fig.add_trace(go.Scatter(x=front[cost], y=front[speed], mode="lines+markers", name=f"Pareto front {key}"))
         figs.append(("pareto", fig))
     dev_cols = [m for m in metrics if m.startswith("m.time_s.")]
     if dev_cols:
