@@ -129,7 +129,8 @@ def run_load(
         "latency_p50_s": lat[len(lat) // 2] if lat else None,
         "latency_max_s": lat[-1] if lat else None,
         "rss_bytes": rss,
-        "rss_growth_bytes": rss[-1][1] - rss[1][1] if len(rss) > 2 else 0,
+        "rss_growth_bytes": rss[-1][1] - rss[0][1],
+        "rss_growth_after_warmup_bytes": rss[-1][1] - next(b for t, b in rss if t >= wall / 4),
         "how": "measured (host wall clock; RSS from the server's /metrics)",
     }
 
