@@ -1,7 +1,8 @@
 #version 450
-// Greedy sampling on the device, in two passes over the logits of row 0.
-// PASS 1 (grid: n_blocks): each workgroup finds the max of its `block` logits -> partials (value, index).
-// PASS 2 (one workgroup): the max over the partials -> params[3] (the token id the host reads back).
+// Greedy sampling on the device, in two passes over each logits row r (grid y).
+// PASS 1 (grid: n_blocks x rows): each workgroup finds the max of its `block` logits -> partials (value, index).
+// PASS 2 (one workgroup per row): the max over the partials -> the row's token id in the params buffer
+// (p_result(r), what the host reads back).
 // Ties go to the lowest index, as numpy's argmax.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -24,14 +25,16 @@ void main() {
 #ifdef PASS1
     uint b0 = gl_WorkGroupID.x * pc.block;
     uint b1 = min(pc.n, b0 + pc.block);
+    uint xb = pc.x_off + gl_WorkGroupID.y * pc.n;
     for (uint i = b0 + tid; i < b1; i += WG) {
-        float v = act[pc.x_off + i];
+        float v = act[xb + i];
         if (v > best) { best = v; bi = i; }
     }
 #else
+    uint pb = pc.part_off + 2u * pc.n_parts * gl_WorkGroupID.y;
     for (uint i = tid; i < pc.n_parts; i += WG) {
-        float v = act[pc.part_off + 2u * i];
-        uint j = floatBitsToUint(act[pc.part_off + 2u * i + 1u]);
+        float v = act[pb + 2u * i];
+        uint j = floatBitsToUint(act[pb + 2u * i + 1u]);
         if (v > best || (v == best && j < bi)) { best = v; bi = j; }
     }
 #endif
@@ -48,10 +51,11 @@ void main() {
     }
     if (tid == 0u) {
 #ifdef PASS1
-        act[pc.part_off + 2u * gl_WorkGroupID.x] = sv[0];
-        act[pc.part_off + 2u * gl_WorkGroupID.x + 1u] = uintBitsToFloat(si[0]);
+        uint pb = pc.part_off + 2u * (pc.n_parts * gl_WorkGroupID.y + gl_WorkGroupID.x);
+        act[pb] = sv[0];
+        act[pb + 1u] = uintBitsToFloat(si[0]);
 #else
-        params[3] = si[0];
+        params[p_result(gl_WorkGroupID.y)] = si[0];
 #endif
     }
 }

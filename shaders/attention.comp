@@ -32,6 +32,7 @@ layout(push_constant) uniform PC {
     uint n_split, split_keys;
     float scale;
     uint cnt_off;
+    uint t0;  // first token row of this dispatch's sequence; t below is the row within the sequence
 } pc;
 
 shared float sc[G * SK];      // scores, then probabilities, of the tile
@@ -41,14 +42,14 @@ shared bool last_split;
 
 void main() {
     uint tid = gl_LocalInvocationID.x, lane = gl_SubgroupInvocationID, warp = gl_SubgroupID;
-    uint s = gl_WorkGroupID.x, kvh = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
-    uint p = p_pos(t);
+    uint s = gl_WorkGroupID.x, kvh = gl_WorkGroupID.y, t = gl_WorkGroupID.z, tg = t + pc.t0;
+    uint p = p_pos(tg);
     uint lo = (pc.window > 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint begin = lo + s * pc.split_keys;
     uint end = min(p + 1u, begin + pc.split_keys);
     // this lane's slice of the G query vectors (dims 4 * (i * SG + lane) .. + 3)
     vec4 q[G][QV];
-    uint qb = (pc.q_off + t * pc.q_stride + kvh * G * HD) / 4u;
+    uint qb = (pc.q_off + tg * pc.q_stride + kvh * G * HD) / 4u;
     [[unroll]] for (uint g = 0u; g < G; ++g)
         [[unroll]] for (uint i = 0u; i < QV; ++i) {
             uint c = i * SG + lane;
@@ -124,7 +125,7 @@ void main() {
             float inv = l_run[g] > 0.0 ? 1.0 / l_run[g] : 0.0;
             [[unroll]] for (uint i = 0u; i < DPT; ++i) {
                 uint d = tid + i * WG;
-                if (d < HD) act[pc.o_off + t * pc.o_stride + h * HD + d] = acc[g][i] * inv;
+                if (d < HD) act[pc.o_off + tg * pc.o_stride + h * HD + d] = acc[g][i] * inv;
             }
         } else {
             uint base = pc.part_off + ((t * pc.n_split + s) * pc.n_heads + h) * (HD + 2u);
@@ -153,7 +154,7 @@ void main() {
     uint used = splits_used(p, pc.window, pc.split_keys, pc.n_split);
     for (uint g = 0u; g < G; ++g) {
         uint h = kvh * G + g;
-        merge_head(pc.part_off, pc.n_split, pc.n_heads, HD, t, h, used, pc.o_off + t * pc.o_stride + h * HD, tid, WG);
+        merge_head(pc.part_off, pc.n_split, pc.n_heads, HD, t, h, used, pc.o_off + tg * pc.o_stride + h * HD, tid, WG);
     }
 #endif
 }

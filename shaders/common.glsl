@@ -20,11 +20,13 @@ layout(binding = 4) buffer Cache4 { vec4 kv4[]; };
 layout(binding = 5) readonly buffer Weights2 { uint w32b[]; };
 
 // Layout of the params buffer: [0] number of tokens T, [1] number of logit rows R,
-// then T token ids from word 4, T positions from word 4 + PARAM_STRIDE, R row indices from 4 + 2*PARAM_STRIDE.
+// then T token ids from word 4, T positions from word 4 + PARAM_STRIDE, R row indices from 4 + 2*PARAM_STRIDE,
+// and R sampled token ids (device argmax) from 4 + 3*PARAM_STRIDE.
 const uint PARAM_STRIDE = 8192;  // = workbench.backends.vulkan.program.MAX_STEP_TOKENS
 uint p_token(uint t) { return params[4 + t]; }
 uint p_pos(uint t) { return params[4 + PARAM_STRIDE + t]; }
 uint p_row(uint r) { return params[4 + 2 * PARAM_STRIDE + r]; }
+uint p_result(uint r) { return 4 + 3 * PARAM_STRIDE + r; }  // word index of row r's sampled token
 
 // tanh written so that it saturates cleanly for large |x| (no inf/inf)
 float safe_tanh(float x) { return 1.0 - 2.0 / (exp(2.0 * x) + 1.0); }

@@ -10,10 +10,11 @@ layout(constant_id = 0) const uint WG = 128;
 layout(push_constant) uniform PC {
     uint k_off, k_stride, v_off_act, v_stride;
     uint kv_dim, ring, window, v_off;
+    uint t0;  // first token row of this dispatch's sequence in the step
 } pc;
 
 void main() {
-    uint i = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y;
+    uint i = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y + pc.t0;
     if (i >= pc.kv_dim) return;
     uint p = p_pos(t);
     uint slot = pc.window > 0u ? p % pc.ring : p;

@@ -188,6 +188,11 @@ class Backend(ABC):
         to skip reading the logits back)."""
         return int(np.argmax(self.run(graph, step, observer)[-1]))
 
+    def run_argmax(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
+        """The argmax token of every logits row of the step (greedy decoding of a batch; backends that sample
+        on the device override this to skip reading the logits back)."""
+        return np.argmax(self.run(graph, step, observer), axis=-1).astype(np.int64)
+
     def threads_used(self) -> int:
         """Host threads this backend computes with (what a fair comparison gives llama.cpp)."""
         return self.threads or host_cores()

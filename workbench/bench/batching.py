@@ -17,7 +17,7 @@ import numpy as np
 from ..instrument.devices import DeviceProfile, host_profile
 from ..models.model import Model
 from ..ops.kinds import op_cost, step_cost
-from ..runtime.batch import SeqChunk, forward_batch
+from ..runtime.batch import SeqChunk, greedy_batch
 from ..runtime.engine import Engine
 from ..runtime.scheduler import Request, Scheduler
 from .harness import bench_prompt
@@ -57,9 +57,8 @@ def time_batched_decode(engine: Engine, prompts: Sequence[Sequence[int]], gen: i
     times = []
     for _ in range(gen):
         t0 = time.perf_counter()
-        rows = forward_batch(engine, [SeqChunk(s, [t]) for s, t in zip(seqs, toks, strict=True)])
+        toks = greedy_batch(engine, [SeqChunk(s, [t]) for s, t in zip(seqs, toks, strict=True)])
         times.append(time.perf_counter() - t0)
-        toks = [int(np.argmax(r[-1])) for r in rows]
     return times
 
 

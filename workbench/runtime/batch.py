@@ -89,3 +89,15 @@ def forward_batch(engine: Engine, chunks: Sequence[SeqChunk], phase: str | None 
     for c in chunks:
         c.seq.tokens.extend(int(t) for t in c.tokens)
     return [logits[sl] for sl in owned]
+
+
+def greedy_batch(engine: Engine, chunks: Sequence[SeqChunk]) -> list[int]:
+    """Run ``chunks`` (each asking for its last row) in one step; per chunk the argmax token of that row,
+    sampled on the device where the backend can (only the token ids come back)."""
+    if any(c.logits != "last" for c in chunks):
+        raise ValueError("greedy_batch needs logits='last' for every chunk")
+    step, _ = build_step(chunks)
+    tokens = engine.run_step(step, greedy="rows")
+    for c in chunks:
+        c.seq.tokens.extend(int(t) for t in c.tokens)
+    return [int(t) for t in tokens]

@@ -147,12 +147,14 @@ class Engine:
         seq.tokens.extend(chunk)
         return out
 
-    def run_step(self, step: Step, greedy: bool = False) -> Any:
+    def run_step(self, step: Step, greedy: bool | str = False) -> Any:
         """Run one step (one or several sequences, see :mod:`workbench.runtime.batch`); its logit rows, or with
-        ``greedy`` the argmax token of the last row (sampled on the device where the backend can)."""
+        ``greedy`` the argmax token of the last row, with ``greedy="rows"`` the argmax of every row (both
+        sampled on the device where the backend can)."""
         step.index = self._step_index
         graph = self.backend.prepare_graph(self.model.graph(step.n_tokens, len(step.logit_rows)))
-        run = self.backend.run_greedy if greedy else self.backend.run
+        b = self.backend
+        run = b.run_argmax if greedy == "rows" else b.run_greedy if greedy else b.run
         if self.observer is None:
             out = run(graph, step)
         else:

@@ -19,7 +19,7 @@ from ...models.model import Model
 from ...ops.fusion import fuse
 from ...ops.graph import Graph, Op
 from ...ops.reference import rope_inv_freq
-from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+from ..base import Backend, DeviceInfo, OpObserver, Step
 from .device import VulkanDevice, list_devices
 from .kernels import PROGRAM_TUNABLES, Pipelines, Tuning
 from .kv_cache import KVPool, VulkanKVCache
@@ -73,7 +73,7 @@ class VulkanBackend(Backend):
             self.timestamps = self.tunable("timestamps", True) and self.dev.features.timestamps
             self.pipes = Pipelines(self.dev)
             self.transfers = Transfers(self.dev)
-            self.params = Buffer(self.dev, (4 + 3 * MAX_STEP_TOKENS) * 4, host=True, name="step params")
+            self.params = Buffer(self.dev, (4 + 4 * MAX_STEP_TOKENS) * 4, host=True, name="step params")
             self.dummy = Buffer(self.dev, 16, name="unused binding")
             t0 = time.perf_counter()
             self._upload_model()
@@ -187,27 +187,27 @@ class VulkanBackend(Backend):
             g = self._graphs[key] = fuse(graph) if self.fused else graph
         return g
 
-    def _cache_of(self, step: Step) -> VulkanKVCache:
-        if len(step.seqs) != 1:
-            raise UnsupportedOpError(
-                "vulkan backend: a step runs one sequence (batched steps are not built yet)"
-            )
-        cache = step.seqs[0].cache
-        if not isinstance(cache, VulkanKVCache):
+    def _caches_of(self, step: Step) -> list[VulkanKVCache]:
+        """The step's per-sequence caches (a batched step has several sequences, each with its own cache)."""
+        caches = [sl.cache for sl in step.seqs]
+        if not all(isinstance(c, VulkanKVCache) for c in caches):
             raise TypeError(
                 "vulkan backend: the step's KV cache was not made by this backend (use new_cache)"
             )
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("vulkan backend: a sequence may appear only once in a step")
         if step.n_tokens > MAX_STEP_TOKENS:
             raise ValueError(f"vulkan backend: steps of more than {MAX_STEP_TOKENS} tokens are not supported")
-        return cache
+        return caches
 
-    def _program(self, graph: Graph, cache: VulkanKVCache, greedy: bool) -> Recorded:
-        key = (id(graph), cache.device_kv.id, greedy)
+    def _program(self, graph: Graph, step: Step, greedy: bool) -> Recorded:
+        seqs = [(sl.cache.device_kv, sl.start, sl.stop - sl.start) for sl in step.seqs]
+        key = (id(graph), tuple((kv.id, t0, n) for kv, t0, n in seqs), greedy)
         prog = self.programs.get(key)
         if prog is not None:
             self.programs.move_to_end(key)
             return prog
-        dispatches, offsets, total = Builder(self, graph, cache.device_kv, greedy).build()
+        dispatches, offsets, total = Builder(self, graph, seqs, greedy).build()
         logits = graph.outputs[0]
         region = None if greedy else (offsets[logits], int(np.prod(graph.tensors[logits].shape)))
         prog = Recorded(self.dev, self.pipes, dispatches, total, self.params, self.smalls, self.dummy, region,
@@ -221,8 +221,8 @@ class VulkanBackend(Backend):
 
     def _execute(self, graph: Graph, step: Step, observer: OpObserver | None, greedy: bool) -> Recorded:
         self.check_tokens(step)
-        cache = self._cache_of(step)
-        prog = self._program(graph, cache, greedy)
+        caches = self._caches_of(step)
+        prog = self._program(graph, step, greedy)
         timed = observer is not None and self.timestamps
         t0 = time.perf_counter()
         prog.run(step.tokens, step.positions, step.logit_rows, timed=timed)
@@ -230,7 +230,8 @@ class VulkanBackend(Backend):
         self._last_untimed = None if timed else prog
         if observer is not None:
             self._report(graph, step, prog, observer, t0, wall, timed)
-        cache.length = int(step.positions[-1]) + 1
+        for sl, cache in zip(step.seqs, caches):
+            cache.length = int(step.positions[sl.stop - 1]) + 1
         if self.dev.validation:
             self.dev.check_validation()
         return prog
@@ -259,9 +260,11 @@ class VulkanBackend(Backend):
         return prog.logits(graph.n_logits)
 
     def run_greedy(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> int:
-        if graph.n_logits != 1:
-            return super().run_greedy(graph, step, observer)
-        return self._execute(graph, step, observer, greedy=True).token()
+        return int(self.run_argmax(graph, step, observer)[-1])
+
+    def run_argmax(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
+        """Argmax of every logits row on the device: only the token ids come back."""
+        return self._execute(graph, step, observer, greedy=True).tokens(graph.n_logits)
 
     def close(self) -> None:
         for p in self.programs.values():

@@ -104,12 +104,13 @@ KERNELS: dict[str, KernelSpec] = {
             "split_keys",
             "scale:f",
             "cnt_off",
+            "t0",
         ),
         (("wg", 0),),
     ),
     "attn_combine": KernelSpec(
         "attn_combine",
-        ("o_off", "o_stride", "part_off", "n_heads", "hd", "n_split", "window", "split_keys"),
+        ("o_off", "o_stride", "part_off", "n_heads", "hd", "n_split", "window", "split_keys", "t0"),
         (("wg", 0),),
     ),
     "rmsnorm": KernelSpec(
@@ -142,7 +143,7 @@ KERNELS: dict[str, KernelSpec] = {
     "embed": KernelSpec("embed", ("pl:4", "K", "N", "row0", "y_off", "y_stride", "scale:f"), (("wg", 0),)),
     "kv_store": KernelSpec(
         "kv_store",
-        ("k_off", "k_stride", "v_off_act", "v_stride", "kv_dim", "ring", "window", "v_off"),
+        ("k_off", "k_stride", "v_off_act", "v_stride", "kv_dim", "ring", "window", "v_off", "t0"),
         (("wg", 0),),
     ),
     "argmax": KernelSpec("argmax", ("x_off", "n", "block", "part_off", "n_parts"), (("wg", 0),)),

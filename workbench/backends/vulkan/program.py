@@ -64,7 +64,7 @@ class Builder:
 
     backend: VulkanBackend
     graph: Graph
-    kv: DeviceKV
+    seqs: list[tuple[DeviceKV, int, int]]  # per sequence of the step: its cache, first token row, tokens
     greedy: bool
     dispatches: list[Dispatch] = field(default_factory=list)
     sizes: dict[str, int] = field(default_factory=dict)  # tensor -> floats
@@ -205,23 +205,30 @@ class Builder:
                      weight=part.buffer)  # fmt: skip
 
     def attention(self, op: Op) -> None:
+        """KV store + attention (+ split merge) per sequence of the step; each sequence has its own cache and
+        its tokens' rows (``#i`` marks a disjoint row range of a tensor, so sequences need no barriers)."""
+        one = len(self.seqs) == 1
+        for i, (kv, t0, n) in enumerate(self.seqs):
+            self.attention_seq(op, kv, t0, n, "" if one else f"#{i}")
+
+    def attention_seq(self, op: Op, kv: DeviceKV, t0: int, t: int, tag: str) -> None:
         b, a = self.backend, op.attrs
         q, k, v = op.inputs[:3]
         out = op.outputs[0]
-        t = self.rows(q)
-        layer = self.kv.layers[op.layer]
+        layer = kv.layers[op.layer]
         window = int(a.get("window", 0))
         if window and layer.wraps and t > layer.slots - window + 1:
             raise UnsupportedOpError(
                 f"op {op.name}: a step of {t} tokens does not fit the sliding ring of {layer.slots} slots; "
                 f"use steps of at most {layer.slots - window + 1} tokens"
             )
-        kvres = f"kv:{op.layer}"
+        kvres = f"kv:{op.layer}:{kv.id}"
         kvd = layer.kv_dim
-        if not self._store_in_rope(op, k, v, kvres, layer, window):
+        if tag or not self._store_in_rope(op, k, v, kvres, layer, window):
             self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
-                     v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off),
-                     (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k, v, "params"], [kvres], kv=layer.buffer)  # fmt: skip
+                     v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
+                     t0=t0), (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k + tag, v + tag, "params"], [kvres],
+                     kv=layer.buffer)  # fmt: skip
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
         sg = b.dev.features.subgroup_size
         if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"] or hd > 64 * sg:
@@ -230,24 +237,28 @@ class Builder:
         sk = b.tuning["attention.split_keys"]
         n_split = -(-max_keys // sk) if t <= b.tuning["matvec.max_tokens"] else 1
         part = (
-            self.tmp(f"{op.name}:partials", 1, t * max(n_split, 1) * nh * (hd + 2)) if n_split > 1 else None
+            self.tmp(f"{op.name}:partials{tag.replace('#', '.')}", 1, t * max(n_split, 1) * nh * (hd + 2))
+            if n_split > 1
+            else None
         )
         fused_combine = part is not None and b.tuning["attention.fused_combine"]
-        counters = self.tmp(f"{op.name}:counters", 1, t * nkv) if fused_combine else None
+        counters = (
+            self.tmp(f"{op.name}:counters{tag.replace('#', '.')}", 1, t * nkv) if fused_combine else None
+        )
         if counters:
             self.pinned.add(counters)
         push = dict(q_off=Ref(q), q_stride=self.widths[q], o_off=Ref(out), o_stride=self.widths[out], n_heads=nh,
                     n_kv=nkv, hd=hd, kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
                     part_off=Ref(part) if part else 0, n_split=n_split, split_keys=sk if n_split > 1 else max_keys,
-                    scale=a["scale"], cnt_off=Ref(counters) if counters else 0)  # fmt: skip
-        writes = [out] if not part else ([part, out, counters] if fused_combine else [part])
-        self.add(op, "attention", push, (n_split, nkv, t), [q, kvres, "params"], writes,
+                    scale=a["scale"], cnt_off=Ref(counters) if counters else 0, t0=t0)  # fmt: skip
+        writes = [out + tag] if not part else ([part, out + tag, counters] if fused_combine else [part])
+        self.add(op, "attention", push, (n_split, nkv, t), [q + tag, kvres, "params"], writes,
                  ["FUSED_COMBINE"] if fused_combine else [],
                  spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size)], kv=layer.buffer)  # fmt: skip
         if part and not fused_combine:
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
-                        n_split=n_split, window=window, split_keys=sk)  # fmt: skip
-            self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out])
+                        n_split=n_split, window=window, split_keys=sk, t0=t0)  # fmt: skip
+            self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out + tag])
 
     def _store_in_rope(self, op: Op, k: str, v: str, kvres: str, layer, window: int) -> bool:
         """Let the RoPE dispatch that produced the keys write them (and the values) into the cache, when the
@@ -271,14 +282,15 @@ class Builder:
         return True
 
     def argmax(self, logits: str) -> None:
+        """The argmax of every logits row into the params buffer (p_result in common.glsl)."""
         op = Op("argmax", "argmax", (logits,), ())
-        n = self.widths[logits]
+        n, rows = self.widths[logits], self.rows(logits)
         block = self.backend.tuning["argmax.block"]
         n_parts = -(-n // block)
-        parts = self.tmp("argmax:partials", 1, 2 * n_parts)
+        parts = self.tmp("argmax:partials", 1, 2 * n_parts * rows)
         push = dict(x_off=Ref(logits), n=n, block=block, part_off=Ref(parts), n_parts=n_parts)
-        self.add(op, "argmax", push, (n_parts, 1, 1), [logits], [parts], ["PASS1"])
-        self.add(op, "argmax", push, (1, 1, 1), [parts], ["params"])
+        self.add(op, "argmax", push, (n_parts, rows, 1), [logits], [parts], ["PASS1"])
+        self.add(op, "argmax", push, (1, rows, 1), [parts], ["params"])
 
     # -- ops -------------------------------------------------------------------------------------
     def emit(self, op: Op) -> None:
@@ -362,6 +374,7 @@ class Builder:
         last: dict[str, int] = {}
         for i, d in enumerate(self.dispatches):
             for t in (*d.reads, *d.writes):
+                t = _base(t)
                 if t in self.sizes:
                     first.setdefault(t, i)
                     last[t] = i
@@ -397,11 +410,26 @@ class Builder:
         read: set[str] = set()
         for d in self.dispatches:
             touch = set(d.reads) | set(d.writes)
-            if touch & written or set(d.writes) & read:
+            if _overlap(touch, written) or _overlap(set(d.writes), read):
                 d.barrier = True
                 written, read = set(), set()
             written |= set(d.writes)
             read |= set(d.reads)
+
+
+def _base(name: str) -> str:
+    """``x#2`` (rows of sequence 2 of tensor x) -> ``x``."""
+    return name.split("#", 1)[0]
+
+
+def _overlap(a: set[str], b: set[str]) -> bool:
+    """Whether two sets of tensor names touch common memory: ``x#i`` and ``x#j`` (i != j) are disjoint row
+    ranges of ``x``; ``x`` overlaps all of them."""
+    if a & b:
+        return True
+    whole_a = {n for n in a if "#" not in n}
+    whole_b = {n for n in b if "#" not in n}
+    return any(_base(n) in whole_b for n in a) or any(_base(n) in whole_a for n in b)
 
 
 def _aligned(n: int) -> int:

@@ -182,8 +182,12 @@ class Recorded:
     def logits(self, rows: int) -> np.ndarray:
         return self.readback.view(np.float32).reshape(rows, -1).copy()
 
-    def token(self) -> int:
-        return int(self.params.view(np.uint32)[3])
+    def tokens(self, rows: int) -> np.ndarray:
+        """The device-sampled token of each logits row (greedy programs)."""
+        from .program import MAX_STEP_TOKENS
+
+        base = 4 + 3 * MAX_STEP_TOKENS
+        return self.params.view(np.uint32)[base : base + rows].astype(np.int64)
 
     def _timestamps(self, first: int, count: int) -> np.ndarray:
         vk = self.dev.vk
