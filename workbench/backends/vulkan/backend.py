@@ -33,7 +33,7 @@ KERNEL_TUNABLES = (
     "matmul_coop.wm", "matmul_coop.tm", "matmul_coop.tn", "attention.wg",
     "attention.tile", "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
 )  # fmt: skip
-MAX_PROGRAMS = 8
+MAX_PROGRAMS = 32  # recorded step programs kept (shapes x batch compositions)
 
 
 def _profile_key(name: str) -> str:

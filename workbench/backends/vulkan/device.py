@@ -335,9 +335,12 @@ class VulkanDevice:
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
 
     # -- submission ------------------------------------------------------------------------------
-    def submit_and_wait(self, command_buffers: list, timeout_s: float = 60.0) -> None:
-        """Submit command buffers to the compute queue and wait for them; device loss is a clear error."""
+    def submit_and_wait(self, command_buffers: list, timeout_s: float | None = None) -> None:
+        """Submit command buffers to the compute queue and wait for them (``timeout_s``: 60 s on GPUs, 15 min
+        on CPU drivers, whose steps on a loaded host can take minutes); device loss is a clear error."""
         vk = self.vk
+        if timeout_s is None:
+            timeout_s = 900.0 if self.features.is_cpu else 60.0
         if self.lost:
             raise DeviceLostError("the Vulkan device was lost earlier; create a new backend")
         key = tuple(id(c) for c in command_buffers)

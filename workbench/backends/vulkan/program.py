@@ -208,10 +208,11 @@ class Builder:
         """KV store + attention (+ split merge) per sequence of the step; each sequence has its own cache and
         its tokens' rows (``#i`` marks a disjoint row range of a tensor, so sequences need no barriers)."""
         one = len(self.seqs) == 1
-        for i, (kv, t0, n) in enumerate(self.seqs):
-            self.attention_seq(op, kv, t0, n, "" if one else f"#{i}")
+        for stage in ("store", "attend", "merge"):  # stage by stage: one barrier per stage, not per sequence
+            for i, (kv, t0, n) in enumerate(self.seqs):
+                self.attention_seq(op, kv, t0, n, "" if one else f"#{i}", stage)
 
-    def attention_seq(self, op: Op, kv: DeviceKV, t0: int, t: int, tag: str) -> None:
+    def attention_seq(self, op: Op, kv: DeviceKV, t0: int, t: int, tag: str, stage: str) -> None:
         b, a = self.backend, op.attrs
         q, k, v = op.inputs[:3]
         out = op.outputs[0]
@@ -224,11 +225,13 @@ class Builder:
             )
         kvres = f"kv:{op.layer}:{kv.id}"
         kvd = layer.kv_dim
-        if tag or not self._store_in_rope(op, k, v, kvres, layer, window):
-            self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
+        if stage == "store":
+            if tag or not self._store_in_rope(op, k, v, kvres, layer, window):
+                self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
                      v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
                      t0=t0), (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k + tag, v + tag, "params"], [kvres],
                      kv=layer.buffer)  # fmt: skip
+            return
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
         sg = b.dev.features.subgroup_size
         if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"] or hd > 64 * sg:
@@ -252,10 +255,11 @@ class Builder:
                     part_off=Ref(part) if part else 0, n_split=n_split, split_keys=sk if n_split > 1 else max_keys,
                     scale=a["scale"], cnt_off=Ref(counters) if counters else 0, t0=t0)  # fmt: skip
         writes = [out + tag] if not part else ([part, out + tag, counters] if fused_combine else [part])
-        self.add(op, "attention", push, (n_split, nkv, t), [q + tag, kvres, "params"], writes,
+        if stage == "attend":
+            self.add(op, "attention", push, (n_split, nkv, t), [q + tag, kvres, "params"], writes,
                  ["FUSED_COMBINE"] if fused_combine else [],
                  spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size)], kv=layer.buffer)  # fmt: skip
-        if part and not fused_combine:
+        elif stage == "merge" and part and not fused_combine:
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
                         n_split=n_split, window=window, split_keys=sk, t0=t0)  # fmt: skip
             self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out + tag])
