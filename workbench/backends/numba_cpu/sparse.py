@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from . import CpuBackend, CpuWeight
 
 njit, prange = numba.njit, numba.prange
+GELU_C = np.float32(np.sqrt(2.0 / np.pi))
+GGUF_FMTS = frozenset(int(t) for t in mv.QUANT_TYPES)  # CpuWeight.fmt of GGUF block formats
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -125,29 +127,88 @@ def _down_t(b: CpuBackend, name: str) -> np.ndarray:
     return wt
 
 
+@njit(parallel=True, cache=True)
+def sparse_ffn_token(fg, wg, ug, fu, wu, uu, xq, xd, xs, x, levels, stat, z, k, wt, gbuf, out):  # pragma: no cover
+    """One decode token's sparse FFN on GGUF-block gate/up weights, in one call: the gate in full (tasks of
+    16 rows), GELU, the kept set, the kept up rows, and ``out[c] = sum_j f_j * wt[idx_j, c]``."""
+    n = wg.shape[0]
+    for i in prange((n + 15) // 16):
+        r0 = i * 16
+        if levels:
+            _rows_i16(fg, wg, ug, r0, min(n, r0 + 16), xq, xd, xs, gbuf, r0)
+        else:
+            _rows_f32(fg, wg, ug, r0, min(n, r0 + 16), x, xs, gbuf, r0)
+    g = gbuf[0]
+    a = np.empty(n, np.float32)
+    for i in range(n):
+        v = g[i]
+        a[i] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(GELU_C * (v + np.float32(0.044715) * (v * v * v))))
+    idx = select_kept(g, a, stat, z, k)
+    m = idx.shape[0]
+    u = np.empty((1, m), np.float32)
+    for j in prange(m):
+        if levels:
+            _rows_i16(fu, wu, uu, idx[j], idx[j] + 1, xq, xd, xs, u, j)
+        else:
+            _rows_f32(fu, wu, uu, idx[j], idx[j] + 1, x, xs, u, j)
+    f = np.empty(m, np.float32)
+    for j in range(m):
+        f[j] = a[idx[j]] * u[0, j]
+    n_out = wt.shape[1]
+    for i in prange((n_out + 63) // 64):
+        c0, c1 = i * 64, min(n_out, (i + 1) * 64)
+        acc = np.zeros(c1 - c0, np.float32)
+        for j in range(m):
+            row = wt[idx[j]]
+            for c in range(c0, c1):
+                acc[c - c0] += f[j] * row[c]
+        out[c0:c1] = acc
+
+
+def _fused_token(b: CpuBackend, gw, uw, x: np.ndarray, stat: bool, z: float, k: int, wt: np.ndarray, out) -> None:
+    from . import ACT_QUANT
+
+    levels = ACT_QUANT[b.act_quant]
+    xs = np.empty((1, x.shape[1] // 32), np.float32)
+    xq, xd = np.empty(x.shape, np.int16), np.empty_like(xs)
+    if levels:
+        mv.quantize_rows_i16(x, levels, xq, xd, xs)
+    else:
+        mv.block_sums(x, xs)
+    gbuf = np.empty((1, gw.rows), np.float32)
+    sparse_ffn_token(gw.fmt, gw.data, gw.n_units, uw.fmt, uw.data, uw.n_units, xq, xd, xs, x, levels, stat, z, k,
+                     wt, gbuf, out)  # fmt: skip
+
+
 def _sparse_ffn(b: CpuBackend, op: Op, env: dict, step: Step) -> None:
     h = env[op.inputs[0]]
     gname, uname, dname = op.weights
     method, target = op.attrs["method"], op.attrs["target"]
-    g = b.project(h, (gname,))[0]
-    a = ref.gelu_tanh(g)
+    gw, uw = b.weights[gname], b.weights[uname]
     down_fmt = getattr(b.weights[dname], "format", None)
+    act8_down = down_fmt is not None and down_fmt.act8
     if h.shape[0] > b.gemv_max_rows:
-        mask = ffn_mask(g, a, method, target)
-        u = b.project(h, (uname,))[0]
-        f = np.where(mask, a * u, np.float32(0.0)).astype(np.float32)
-        env[op.outputs[0]] = b.project(f, (dname,))[0]
+        g = b.project(h, (gname,))[0]
+        a = ref.gelu_tanh(g)
+        f = np.where(ffn_mask(g, a, method, target), a * b.project(h, (uname,))[0], np.float32(0.0))
+        env[op.outputs[0]] = b.project(f.astype(np.float32), (dname,))[0]
         return
     out = np.empty((h.shape[0], b.weights[dname].rows), np.float32)
     wt = _down_t(b, dname)
     stat = method == "stat"
     z = NormalDist().inv_cdf(target) if stat else 0.0
-    k = kept_count(g.shape[1], target)
+    k = kept_count(gw.rows, target)
+    if gw.fmt in GGUF_FMTS and uw.fmt in GGUF_FMTS and not act8_down:
+        for t in range(h.shape[0]):
+            _fused_token(b, gw, uw, h[t : t + 1], stat, z, k, wt, out[t])
+        env[op.outputs[0]] = out
+        return
+    g = b.project(h, (gname,))[0]
+    a = ref.gelu_tanh(g)
     for t in range(h.shape[0]):
         idx = select_kept(g[t], a[t], stat, z, k)
-        u = _up_kept(b, b.weights[uname], h[t : t + 1], idx)
-        f = (a[t, idx] * u).astype(np.float32)
-        if down_fmt is not None and down_fmt.act8:
+        f = (a[t, idx] * _up_kept(b, uw, h[t : t + 1], idx)).astype(np.float32)
+        if act8_down:
             f = fake_quant_rows_int8(f[None, :])[0]
         sum_columns(f, idx, wt, out[t])
     env[op.outputs[0]] = out
