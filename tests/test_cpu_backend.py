@@ -110,6 +110,42 @@ def test_attention_over_ring_slots_matches_reference(window):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("window", "ring"), [(0, 0), (5, 7)])
+def test_decode_attention_kernel_matches_reference(window, ring):
+    rng = np.random.default_rng(2)
+    hd, nh, nkv, n = 16, 4, 2, 11
+    cap = ring or 16
+    keys = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
+    vals = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
+    kpos = np.full(cap, -1, np.int64)
+    for p in range(n):  # positions written as the cache does: slot = position (mod ring)
+        kpos[p % ring if ring else p] = p
+    q = rng.standard_normal(nh * hd).astype(np.float32)
+    out = np.empty_like(q)
+    k.attend_one(q, keys, vals, kpos, cap, n - 1, nh, hd, 0.3, window, out)
+    seen = kpos >= 0
+    want = ref.attention(q[None], keys[seen], vals[seen], np.array([n - 1]), kpos[seen], nh, nkv, hd, 0.3, window)
+    np.testing.assert_allclose(out, want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_decode_program_equals_op_by_op(default_model):
+    """The compiled one-token program computes what the op handlers compute (same kernels)."""
+    cpu = make_backend("cpu", default_model, threads=2)
+    toks = default_model.tokenizer.encode("Programs must not change the numbers.")
+    g1 = cpu.prepare_graph(default_model.graph(1, 1))
+    assert cpu._program(g1, Step.single(cpu.new_cache(4), [1], 0)) is not None
+    runs = []
+    for lowered in (True, False):
+        cache = cpu.new_cache(64)
+        cpu.run(cpu.prepare_graph(default_model.graph(len(toks), 1)), Step.single(cache, toks, 0))
+        if not lowered:
+            cpu._programs[id(g1)] = (g1, None)
+        runs.append([cpu.run(g1, Step.single(cache, [5 + i], len(toks) + i, "last", "decode")) for i in range(3)])
+    assert cpu._program(g1, Step.single(cpu.new_cache(4), [1], 0)) is None  # the forced op-by-op run
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_fused_graph_on_numpy_equals_unfused(default_model):
     b = make_backend("numpy", default_model)
     toks = default_model.tokenizer.encode("Fusion must not change the numbers.")

@@ -49,6 +49,11 @@ class LayerKV:
         pos[:cap] = self.pos
         self.pos = pos
 
+    def reserve(self, length: int) -> None:
+        """Make room for positions below ``length`` (kernels that write slots in place call this first)."""
+        if not self.window:
+            self._grow(length)
+
     def append(
         self, positions: np.ndarray, k: np.ndarray, v: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

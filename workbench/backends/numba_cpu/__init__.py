@@ -29,6 +29,7 @@ from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
 from . import kernels as k
 from . import matvec as mv
+from . import program as pg
 from . import qformats as qf
 from . import rows as rk
 from . import sparse as sp
@@ -112,6 +113,8 @@ class CpuBackend(Backend):
         self.dense_budget = dense_cache_mib << 20
         self._dense: dict[str, np.ndarray] = {}
         self._graphs: dict[int, Graph] = {}
+        self._programs: dict[int, tuple[Graph, pg.Program | None]] = {}
+        self.levels = ACT_QUANT[act_quant]
         self._rope: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._n_threads = self.threads or numba.config.NUMBA_NUM_THREADS
         self._blas = ThreadpoolController()
@@ -119,6 +122,11 @@ class CpuBackend(Backend):
         self.weights: dict[str, CpuWeight] = {}
         self.norms: dict[str, np.ndarray] = {}
         self._prepare()
+        widest = max((w.n_units * mv.DECODERS[w.type].unit_values for w in self.weights.values()
+                      if w.fmt in mv.QUANT_FMTS), default=32)  # fmt: skip
+        self.xq = np.zeros((1, widest), np.int16)  # activation scratch of the step programs
+        self.xd = np.zeros((1, widest // 32), np.float32)
+        self.xs = np.zeros_like(self.xd)
         self.jit = self._warm_up()
 
     # -- setup -------------------------------------------------------------------------------------------
@@ -216,7 +224,27 @@ class CpuBackend(Backend):
         # beside numba's workers costs more than the small products gain (measured 4x slower attention)
         self._set_blas_threads(self._n_threads if step.n_tokens > self.small_rows else 1)
         self._rope.clear()
+        prog = self._program(graph, step)
+        if prog is not None:
+            return pg.execute(self, prog, step, observer).copy()
         return self.run_ops(graph, step, lambda op: HANDLERS.get(op.kind), observer)
+
+    def run_greedy(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> int:
+        prog = self._program(graph, step)
+        if prog is None:
+            return super().run_greedy(graph, step, observer)
+        self.check_tokens(step)
+        numba.set_num_threads(self._n_threads)
+        self._set_blas_threads(1)
+        return int(np.argmax(pg.execute(self, prog, step, observer)[-1]))
+
+    def _program(self, graph: Graph, step: Step) -> pg.Program | None:
+        """The compiled program of a one-token step's graph (None: the graph runs op by op)."""
+        if not (self.fused and pg.runnable(step)):
+            return None
+        if id(graph) not in self._programs:  # the graph is kept with its program: its id stays its own
+            self._programs[id(graph)] = (graph, pg.lower(self, graph))
+        return self._programs[id(graph)][1]
 
     def _set_blas_threads(self, n: int) -> None:
         if n != self._blas_threads:
@@ -355,13 +383,14 @@ def _attention(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
     for s in step.seqs:
         layer = s.cache.layers[op.layer]
         sl = slice(s.start, s.stop)
-        if s.stop - s.start == 1:  # decode: attend over the cache slots in place
+        if s.stop - s.start == 1:  # decode: one numba call over the cache slots in place
             layer.write(pos[sl], key[sl], v[sl])
-            n = min(layer.capacity, int(pos[s.start]) + 1)
-            keys, vals, kpos = layer.keys[:n], layer.values[:n], layer.pos[:n]
+            p = int(pos[s.start])
+            k.attend_one(q[s.start], layer.keys, layer.values, layer.pos, min(layer.capacity, p + 1), p,
+                         a["n_heads"], a["head_dim"], a["scale"], a.get("window", 0), out[s.start])  # fmt: skip
         else:
             keys, vals, kpos = layer.append(pos[sl], key[sl], v[sl])
-        out[sl] = attend(q[sl], keys, vals, pos[sl], kpos, a)
+            out[sl] = attend(q[sl], keys, vals, pos[sl], kpos, a)
 
 
 def attend(

@@ -127,3 +127,55 @@ def softcap(x, cap, out):  # pragma: no cover - compiled
     for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             out[t, i] = tanh_approx(x[t, i] * inv) * np.float32(cap)
+
+
+
+@njit(cache=True, fastmath=True)
+def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
+    """Decode attention of one query row over the first ``n_slots`` cache slots, in place.
+
+    ``q`` and ``out`` (n_heads*head_dim,); ``keys``/``vals`` (slots, n_kv_heads*head_dim); ``kpos`` the slots'
+    positions (-1: empty). A slot is visible when ``0 <= kpos <= qpos`` and, with a window,
+    ``kpos > qpos - window``. Each key and value row is read once for all query heads of its group (GQA)."""
+    n_kv = keys.shape[1] // head_dim
+    group = n_heads // n_kv
+    seen = np.empty(n_slots, np.int64)
+    n_seen = 0
+    for s in range(n_slots):
+        p = kpos[s]
+        if 0 <= p <= qpos and (window <= 0 or p > qpos - window):
+            seen[n_seen] = s
+            n_seen += 1
+    probs = np.empty((group, n_seen), np.float32)
+    acc = np.empty((group, head_dim), np.float32)
+    for kh in range(n_kv):
+        qh = q[kh * group * head_dim : (kh + 1) * group * head_dim].reshape(group, head_dim)
+        for j in range(n_seen):
+            krow = keys[seen[j], kh * head_dim : (kh + 1) * head_dim]
+            for g in range(group):
+                qrow = qh[g]
+                d = np.float32(0.0)
+                for i in range(head_dim):
+                    d += qrow[i] * krow[i]
+                probs[g, j] = d * np.float32(scale)
+        for g in range(group):
+            m = probs[g, 0]
+            for j in range(1, n_seen):
+                m = max(m, probs[g, j])
+            total = np.float32(0.0)
+            for j in range(n_seen):
+                e = np.exp(probs[g, j] - m)
+                probs[g, j] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for j in range(n_seen):
+                probs[g, j] *= inv
+        acc[:] = 0.0
+        for j in range(n_seen):
+            vrow = vals[seen[j], kh * head_dim : (kh + 1) * head_dim]
+            for g in range(group):
+                p = probs[g, j]
+                arow = acc[g]
+                for i in range(head_dim):
+                    arow[i] += p * vrow[i]
+        out[kh * group * head_dim : (kh + 1) * group * head_dim] = acc.reshape(-1)

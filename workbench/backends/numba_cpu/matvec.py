@@ -20,6 +20,7 @@ Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K = (
 )
 F32, F16, BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 QUANT_TYPES = frozenset(DECODERS)
+QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES)  # CpuWeight.fmt values of the GGUF block formats
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
 i16_q8_0, i16_q4_0, i16_q5_0, i16_q4_k, i16_q5_k, i16_q6_k = (
@@ -77,7 +78,12 @@ ROWS_PER_TASK = 16  # default rows per parallel task (tunable ``rows_per_task``:
 @njit(cache=True)
 def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """out[t, c0 + i] = row r0 + i of w . activation row t, for rows r0..r1 and every activation row."""
-    wa, rb = w.ctypes.data, w.shape[1]
+    _rows_i16_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, xq, xd, xs, out, c0)
+
+
+@njit(cache=True)
+def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
+    """:func:`_rows_i16` for a weight given by its address ``wa`` and row bytes ``rb``."""
     for t in range(xq.shape[0]):
         q, d, s = (
             xq.ctypes.data + t * xq.strides[0],
@@ -106,7 +112,12 @@ def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover
 
 @njit(cache=True)
 def _rows_f32(fmt, w, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
-    wa, rb = w.ctypes.data, w.shape[1]
+    _rows_f32_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, x, xs, out, c0)
+
+
+@njit(cache=True)
+def _rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
+    """The exact-float twin of :func:`_rows_i16_at`."""
     for t in range(x.shape[0]):
         xp, s = x.ctypes.data + t * x.strides[0], xs.ctypes.data + t * xs.strides[0]
         if fmt == Q8_0:
@@ -218,3 +229,40 @@ def dequantize_gather(fmt, w, n_units, rows, out):  # pragma: no cover - compile
     rb = w.shape[1]
     for i in range(rows.shape[0]):
         _dequant(fmt, w.ctypes.data + rows[i] * rb, out.ctypes.data + i * out.strides[0], n_units)
+
+
+# weight tables for the step programs (program.py): one row per weight, columns below
+W_FMT, W_ADDR, W_ROW_BYTES, W_ROWS, W_UNITS = range(5)
+
+
+@njit(parallel=True, cache=True)
+def matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt):  # pragma: no cover - compiled
+    """``outs[j][t, :] = W_j . activation row t`` for the first ``n_w`` weights of table ``wt`` (a row per
+    weight: format, address, row bytes, rows, units), all in one parallel loop over tasks of ``rpt`` rows."""
+    starts = np.zeros(n_w + 1, np.int64)
+    for j in range(n_w):
+        starts[j + 1] = starts[j] + _tasks(wt[j, W_ROWS], rpt)
+    for i in prange(starts[n_w]):
+        j = 0
+        while i >= starts[j + 1]:
+            j += 1
+        r0 = (i - starts[j]) * rpt
+        r1 = min(wt[j, W_ROWS], r0 + rpt)
+        _rows_i16_at(wt[j, W_FMT], wt[j, W_ADDR], wt[j, W_ROW_BYTES], wt[j, W_UNITS], r0, r1, xq, xd, xs,
+                     outs[j], r0)  # fmt: skip
+
+
+@njit(parallel=True, cache=True)
+def matvec_table_f32(wt, n_w, outs, x, xs, rpt):  # pragma: no cover - compiled
+    """The exact-float twin of :func:`matvec_table_i16`."""
+    starts = np.zeros(n_w + 1, np.int64)
+    for j in range(n_w):
+        starts[j + 1] = starts[j] + _tasks(wt[j, W_ROWS], rpt)
+    for i in prange(starts[n_w]):
+        j = 0
+        while i >= starts[j + 1]:
+            j += 1
+        r0 = (i - starts[j]) * rpt
+        r1 = min(wt[j, W_ROWS], r0 + rpt)
+        _rows_f32_at(wt[j, W_FMT], wt[j, W_ADDR], wt[j, W_ROW_BYTES], wt[j, W_UNITS], r0, r1, x, xs,
+                     outs[j], r0)  # fmt: skip

@@ -1,0 +1,348 @@
+"""Decode steps as one compiled call: the fused graph of a one-token step lowered to an instruction table.
+
+The per-op path runs a Python handler per op (~130 ops a token), each paying the interpreter, numba's
+argument dispatch and fresh output arrays: milliseconds per token at 60-100 tokens/s. Here the graph of a
+one-token step is lowered once per graph to a table (one row per op: opcode, tensor offsets in one float32
+arena, weight addresses in the GGUF mapping) that one numba function executes, calling the same kernels
+as the per-op handlers (parallel matvecs, norms, RoPE, attention over the KV cache in place). Lowering
+covers the fused kinds of a decode graph; a graph with any other op runs op by op, as before.
+
+With a profiler attached, the interpreter stamps the CPU cycle counter after each op, and each op is
+reported with its measured time (the counter is calibrated against ``time.perf_counter``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ..._numba import numba
+from ...ops import reference as ref
+from ...ops.graph import Graph, Op
+from . import kernels as k
+from . import matvec as mv
+
+if TYPE_CHECKING:
+    from ..base import OpObserver, Step
+    from . import CpuBackend
+
+njit = numba.njit
+
+EMBED, NORM_MATMUL, NORM_MATMUL_GELU, NORM_ROPE, ATTENTION, MATMUL_NORM_ADD = range(6)
+# columns of an instruction row
+C_OP, C_IN, C_K, C_OUT, C_N, C_NORM, C_AUX, C_AUX2, C_NW, C_OUTS = range(10)  # C_OUTS..+2: matmul outputs
+N_COLS = C_OUTS + 3
+MAX_W = 3  # weights of one instruction (Q, K, V)
+# columns of the float parameters: eps, scale, window
+F_EPS, F_SCALE, F_WINDOW = range(3)
+# columns of the per-step KV table (one row per layer)
+KV_KEYS, KV_VALS, KV_POS, KV_CAP, KV_RING = range(5)
+
+
+@intrinsic
+def _cycles(typingctx):
+    """The CPU's cycle counter (``llvm.readcyclecounter``: rdtsc on x86)."""
+
+    def codegen(context, b, signature, args):
+        fn = b.module.globals.get("llvm.readcyclecounter") or ir.Function(
+            b.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter"
+        )
+        return b.call(fn, [])
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def _f32_ptr(typingctx, addr):
+    def codegen(context, b, signature, args):
+        return b.inttoptr(args[0], ir.PointerType(ir.FloatType()))
+
+    return types.CPointer(types.float32)(addr), codegen
+
+
+@intrinsic
+def _i64_ptr(typingctx, addr):
+    def codegen(context, b, signature, args):
+        return b.inttoptr(args[0], ir.PointerType(ir.IntType(64)))
+
+    return types.CPointer(types.int64)(addr), codegen
+
+
+@njit(cache=True)
+def cycles():  # pragma: no cover - compiled
+    return _cycles()
+
+
+@njit(cache=True)
+def _view(arena, off, n):  # pragma: no cover - compiled
+    return arena[off : off + n].reshape((1, n))
+
+
+@njit(cache=True)
+def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt):  # pragma: no cover - compiled
+    """``outs[j] = x @ W_j.T`` for the first ``n_w`` weights of ``wt``; int16 activations unless levels = 0."""
+    if levels > 0:
+        mv.quantize_rows_i16(x, levels, xq, xd, xs)
+        mv.matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt)
+    else:
+        mv.block_sums(x, xs)
+        mv.matvec_table_f32(wt, n_w, outs, x, xs, rpt)
+
+
+@njit(cache=True)
+def run_program(
+    code, fp, wts, arena, norms, token, pos, rope, kv, levels, xq, xd, xs, rpt, stamps
+):  # pragma: no cover
+    """Execute the instructions ``code`` for one token at position ``pos``; ``stamps`` (empty: off) receives
+    the cycle counter before the first and after each instruction."""
+    if stamps.shape[0]:
+        stamps[0] = _cycles()
+    for i in range(code.shape[0]):
+        c = code[i]
+        op = c[C_OP]
+        kk, n = c[C_K], c[C_N]
+        x = _view(arena, c[C_IN], kk)
+        out = _view(arena, c[C_OUT], n)
+        if op == EMBED:
+            w = wts[i, 0]
+            mv._dequant(w[mv.W_FMT], w[mv.W_ADDR] + token * w[mv.W_ROW_BYTES], out.ctypes.data, w[mv.W_UNITS])
+            k.scale_rows(out, fp[i, F_SCALE])
+        elif op == NORM_ROPE:
+            t = c[C_AUX]
+            k.rmsnorm_rope(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX2]], fp[i, F_EPS], rope[t, 0:1], rope[t, 1:2],
+                           c[C_AUX2], out)  # fmt: skip
+        elif op == ATTENTION:
+            layer, hd = c[C_AUX], c[C_AUX2]
+            kd = c[C_NORM]  # k/v width (n_kv_heads * head_dim)
+            cap, ring = kv[layer, KV_CAP], kv[layer, KV_RING]
+            keys = numba.carray(_f32_ptr(kv[layer, KV_KEYS]), (cap, kd))
+            vals = numba.carray(_f32_ptr(kv[layer, KV_VALS]), (cap, kd))
+            kpos = numba.carray(_i64_ptr(kv[layer, KV_POS]), (cap,))
+            slot = pos % ring if ring > 0 else pos
+            keys[slot] = arena[c[C_OUTS] : c[C_OUTS] + kd]
+            vals[slot] = arena[c[C_OUTS + 1] : c[C_OUTS + 1] + kd]
+            kpos[slot] = pos
+            k.attend_one(x[0], keys, vals, kpos, min(cap, pos + 1), pos, kk // hd, hd, fp[i, F_SCALE],
+                         np.int64(fp[i, F_WINDOW]), out[0])  # fmt: skip
+        else:
+            nw = c[C_NW]
+            o0 = _view(arena, c[C_OUTS], wts[i, 0, mv.W_ROWS])
+            o1 = _view(arena, c[C_OUTS + 1], wts[i, 1, mv.W_ROWS]) if nw > 1 else o0
+            o2 = _view(arena, c[C_OUTS + 2], wts[i, 2, mv.W_ROWS]) if nw > 2 else o0
+            if op == MATMUL_NORM_ADD:
+                _project(wts[i], 1, x, (o0, o0, o0), levels, xq, xd, xs, rpt)
+                res = _view(arena, c[C_AUX], n)
+                k.rmsnorm_add(o0, norms[c[C_NORM] : c[C_NORM] + n], fp[i, F_EPS], res, out)
+            else:
+                h = _view(arena, c[C_AUX], kk)
+                k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + kk], fp[i, F_EPS], kk, h)
+                _project(wts[i], nw, h, (o0, o1, o2), levels, xq, xd, xs, rpt)
+                if op == NORM_MATMUL_GELU:
+                    k.gelu_mul(o0, o1, out)
+        if stamps.shape[0]:
+            stamps[i + 1] = _cycles()
+
+
+@dataclass
+class Program:
+    """A lowered one-token graph: instructions, their weights and float parameters, and the arena layout."""
+
+    ops: list[Op]  # the op of each instruction
+    code: np.ndarray
+    fp: np.ndarray
+    wts: np.ndarray
+    arena: np.ndarray
+    out_offset: int
+    out_cols: int
+    rope_keys: list[tuple]
+    norms: np.ndarray
+
+
+LOWERED = {"embed", "rmsnorm_matmul", "rmsnorm_matmul_gelu", "rmsnorm_rope", "attention", "matmul_rmsnorm_add",
+           "gather_rows"}  # fmt: skip
+
+
+class _Lowering:
+    def __init__(self, b: CpuBackend, graph: Graph):
+        self.b, self.graph = b, graph
+        self.offsets: dict[str, int] = {}
+        self.size = 0
+        self.norm_offsets: dict[str, int] = {}
+        self.norm_parts: list[np.ndarray] = []
+        self.norm_size = 0
+        self.rope_keys: list[tuple] = []
+
+    def tensor(self, name: str, cols: int | None = None) -> int:
+        if name not in self.offsets:
+            n = cols if cols is not None else int(np.prod(self.graph.tensors[name].shape[1:]))
+            self.offsets[name] = self.size
+            self.size += -(-n // 16) * 16  # 64-byte aligned rows
+        return self.offsets[name]
+
+    def cols(self, name: str) -> int:
+        return int(np.prod(self.graph.tensors[name].shape[1:]))
+
+    def norm(self, name: str) -> int:
+        if name not in self.norm_offsets:
+            w = self.b.norms[name]
+            self.norm_offsets[name] = self.norm_size
+            self.norm_parts.append(w)
+            self.norm_size += len(w)
+        return self.norm_offsets[name]
+
+    def rope(self, op: Op) -> int:
+        a = op.attrs
+        key = (a["head_dim"], a["base"], a.get("scale", 1.0))
+        if key not in self.rope_keys:
+            self.rope_keys.append(key)
+        return self.rope_keys.index(key)
+
+    def weights(self, row: np.ndarray, names) -> None:
+        for j, name in enumerate(names):
+            w = self.b.weights[name]
+            row[j] = (w.fmt, w.data.ctypes.data, w.data.shape[1], w.rows, w.n_units)
+
+
+def lower(b: CpuBackend, graph: Graph) -> Program | None:
+    """The program of a one-token graph, or None when an op or weight has no lowering (runs op by op)."""
+    if any(op.kind not in LOWERED for op in graph.ops):
+        return None
+    used = {n for op in graph.ops for n in op.weights if n in b.weights}
+    if any(b.weights[n].fmt not in mv.QUANT_FMTS for n in used):
+        return None
+    lw = _Lowering(b, graph)
+    ops: list[Op] = []
+    rows, fps, wrows = [], [], []
+    alias: dict[str, str] = {}
+
+    def src(name: str) -> str:
+        return alias.get(name, name)
+
+    for op in graph.ops:
+        c = np.zeros(N_COLS, np.int64)
+        f = np.zeros(3, np.float64)
+        wt = np.zeros((MAX_W, 5), np.int64)
+        kind = op.kind
+        if kind == "gather_rows":  # one token, its own logits row: the same tensor
+            alias[op.outputs[0]] = src(op.inputs[0])
+            continue
+        if kind == "embed":
+            c[C_OP] = EMBED
+            lw.weights(wt, op.weights)
+            f[F_SCALE] = op.attrs["scale"]
+            c[C_K] = 1
+        elif kind == "rmsnorm_rope":
+            norm, rope = op.attrs["parts"]
+            c[C_OP], c[C_NORM], c[C_AUX], c[C_AUX2] = (
+                NORM_ROPE,
+                lw.norm(norm.weights[0]),
+                lw.rope(rope),
+                rope.attrs["head_dim"],
+            )
+            f[F_EPS] = norm.attrs["eps"]
+            if len(b.norms[norm.weights[0]]) != rope.attrs["head_dim"]:
+                return None
+        elif kind == "attention":
+            a = op.attrs
+            c[C_OP], c[C_AUX], c[C_AUX2] = ATTENTION, op.layer, a["head_dim"]
+            c[C_NORM] = a["n_kv_heads"] * a["head_dim"]
+            c[C_OUTS], c[C_OUTS + 1] = lw.tensor(src(op.inputs[1])), lw.tensor(src(op.inputs[2]))
+            f[F_SCALE], f[F_WINDOW] = a["scale"], a.get("window", 0)
+        elif kind == "matmul_rmsnorm_add":
+            mat, norm, addop = op.attrs["parts"]
+            c[C_OP], c[C_NW], c[C_NORM] = MATMUL_NORM_ADD, 1, lw.norm(norm.weights[0])
+            lw.weights(wt, mat.weights)
+            c[C_OUTS] = lw.tensor(mat.outputs[0])
+            c[C_AUX] = lw.tensor(src(next(t for t in addop.inputs if t != norm.outputs[0])))
+            f[F_EPS] = norm.attrs["eps"]
+        else:  # rmsnorm_matmul, rmsnorm_matmul_gelu
+            norm, *mats = op.attrs["parts"]
+            if kind == "rmsnorm_matmul_gelu":
+                mats = mats[:-1]
+            if len(mats) > MAX_W or norm.attr("group") not in (None, lw.cols(src(norm.inputs[0]))):
+                return None
+            c[C_OP] = NORM_MATMUL if kind == "rmsnorm_matmul" else NORM_MATMUL_GELU
+            c[C_NW], c[C_NORM] = len(mats), lw.norm(norm.weights[0])
+            c[C_AUX] = lw.tensor(norm.outputs[0], lw.cols(src(norm.inputs[0])))
+            lw.weights(wt, [m.weights[0] for m in mats])
+            for j, m in enumerate(mats):
+                c[C_OUTS + j] = lw.tensor(m.outputs[0])
+            f[F_EPS] = norm.attrs["eps"]
+        if kind != "embed":
+            c[C_IN], c[C_K] = lw.tensor(src(op.inputs[0])), lw.cols(src(op.inputs[0]))
+        if kind == "rmsnorm_matmul":  # outputs are the projections'; ``out`` views the first
+            c[C_OUT], c[C_N] = c[C_OUTS], wt[0, mv.W_ROWS]
+        else:
+            c[C_OUT], c[C_N] = lw.tensor(op.outputs[0]), lw.cols(op.outputs[0])
+        rows.append(c)
+        fps.append(f)
+        wrows.append(wt)
+        ops.append(op)
+    final = src(graph.outputs[0])
+    if final not in lw.offsets:
+        return None
+    norms = np.concatenate(lw.norm_parts).astype(np.float32) if lw.norm_parts else np.zeros(1, np.float32)
+    return Program(
+        ops, np.array(rows), np.array(fps), np.array(wrows), np.zeros(lw.size, np.float32),
+        lw.offsets[final], lw.cols(final), lw.rope_keys, norms,
+    )  # fmt: skip
+
+
+def runnable(step: Step) -> bool:
+    """Whether a step is what programs run: one sequence, one token, its logits."""
+    return step.n_tokens == 1 and len(step.seqs) == 1 and len(step.logit_rows) == 1
+
+
+def execute(b: CpuBackend, prog: Program, step: Step, observer: OpObserver | None) -> np.ndarray:
+    """Run ``prog`` for ``step``; returns a view of the logits in the program's arena (valid until the next
+    run of this program)."""
+    cache = step.seqs[0].cache
+    pos = int(step.positions[0])
+    kv = np.empty((len(cache.layers), 5), np.int64)
+    for i, layer in enumerate(cache.layers):
+        layer.reserve(pos + 1)
+        kv[i] = (
+            layer.keys.ctypes.data,
+            layer.values.ctypes.data,
+            layer.pos.ctypes.data,
+            layer.capacity,
+            layer.ring,
+        )
+    positions = np.array([pos], np.int32)
+    rope = np.empty(
+        (max(1, len(prog.rope_keys)), 2, max((key[0] for key in prog.rope_keys), default=1)), np.float32
+    )
+    for t, key in enumerate(prog.rope_keys):
+        cos, sin = ref.rope_tables(positions, *key)
+        rope[t, 0, : key[0]], rope[t, 1, : key[0]] = cos[0], sin[0]
+    stamps = np.zeros(len(prog.ops) + 1 if observer is not None else 0, np.int64)
+    t0 = time.perf_counter()
+    run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos, rope, kv,
+                b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps)  # fmt: skip
+    if observer is not None:
+        per_s = cycle_rate()
+        for i, op in enumerate(prog.ops):
+            start = t0 + (stamps[i] - stamps[0]) / per_s
+            observer.on_op(op, step, start, (stamps[i + 1] - stamps[i]) / per_s, None)
+    cache.length = pos + 1
+    return prog.arena[prog.out_offset : prog.out_offset + prog.out_cols].reshape(1, -1)
+
+
+_RATE: list[float] = []
+
+
+def cycle_rate() -> float:
+    """Cycle-counter ticks per second, measured once against ``time.perf_counter`` over 20 ms."""
+    if not _RATE:
+        cycles()
+        t0, c0 = time.perf_counter(), cycles()
+        while time.perf_counter() - t0 < 0.02:
+            pass
+        _RATE.append((cycles() - c0) / (time.perf_counter() - t0))
+    return _RATE[0]
