@@ -190,6 +190,8 @@ class VulkanBackend(Backend):
     def _caches_of(self, step: Step) -> list[VulkanKVCache]:
         """The step's per-sequence caches (a batched step has several sequences, each with its own cache)."""
         caches = [sl.cache for sl in step.seqs]
+        if len(caches) == 1 and isinstance(caches[0], VulkanKVCache) and step.n_tokens <= MAX_STEP_TOKENS:
+            return caches
         if not all(isinstance(c, VulkanKVCache) for c in caches):
             raise TypeError(
                 "vulkan backend: the step's KV cache was not made by this backend (use new_cache)"
@@ -260,7 +262,7 @@ class VulkanBackend(Backend):
         return prog.logits(graph.n_logits)
 
     def run_greedy(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> int:
-        return int(self.run_argmax(graph, step, observer)[-1])
+        return self._execute(graph, step, observer, greedy=True).last_token(graph.n_logits)
 
     def run_argmax(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
         """Argmax of every logits row on the device: only the token ids come back."""

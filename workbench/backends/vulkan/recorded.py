@@ -15,7 +15,7 @@ import numpy as np
 from .device import VulkanDevice
 from .kernels import Pipelines
 from .memory import Buffer
-from .program import Dispatch, pack_push
+from .program import MAX_STEP_TOKENS, Dispatch, pack_push
 
 
 class Recorded:
@@ -90,6 +90,9 @@ class Recorded:
             self.cmd_timed = cbs[1]
             self._record(self.cmd_timed, timed=True)
         self._spare = cbs[1] if not timestamps else None
+        self._words = params.view(np.uint32)
+        self._submit = [self.cmd]
+        self._submit_timed = [self.cmd_timed]
 
     def _record(self, cb, timed: bool) -> None:
         vk = self.dev.vk
@@ -169,25 +172,28 @@ class Recorded:
         vk.vkEndCommandBuffer(cb)
 
     def run(self, tokens: np.ndarray, positions: np.ndarray, rows: np.ndarray, timed: bool = False) -> None:
-        from .program import MAX_STEP_TOKENS
-
-        p = self.params.view(np.uint32)
+        p, s = self._words, MAX_STEP_TOKENS
         t, r = len(tokens), len(rows)
         p[0], p[1] = t, r
-        p[4 : 4 + t] = tokens
-        p[4 + MAX_STEP_TOKENS : 4 + MAX_STEP_TOKENS + t] = positions
-        p[4 + 2 * MAX_STEP_TOKENS : 4 + 2 * MAX_STEP_TOKENS + r] = rows
-        self.dev.submit_and_wait([self.cmd_timed if timed else self.cmd])
+        if t == 1 and r == 1:  # a decode step: scalar writes are several times cheaper than slices
+            p[4], p[4 + s], p[4 + 2 * s] = int(tokens[0]), int(positions[0]), int(rows[0])
+        else:
+            p[4 : 4 + t] = tokens
+            p[4 + s : 4 + s + t] = positions
+            p[4 + 2 * s : 4 + 2 * s + r] = rows
+        self.dev.submit_and_wait(self._submit_timed if timed else self._submit)
 
     def logits(self, rows: int) -> np.ndarray:
         return self.readback.view(np.float32).reshape(rows, -1).copy()
 
     def tokens(self, rows: int) -> np.ndarray:
         """The device-sampled token of each logits row (greedy programs)."""
-        from .program import MAX_STEP_TOKENS
-
         base = 4 + 3 * MAX_STEP_TOKENS
-        return self.params.view(np.uint32)[base : base + rows].astype(np.int64)
+        return self._words[base : base + rows].astype(np.int64)
+
+    def last_token(self, rows: int) -> int:
+        """The device-sampled token of the last logits row."""
+        return int(self._words[4 + 3 * MAX_STEP_TOKENS + rows - 1])
 
     def _timestamps(self, first: int, count: int) -> np.ndarray:
         vk = self.dev.vk
