@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..instrument.devices import DeviceProfile, host_profile
+from ..instrument.devices import DeviceProfile, get_profile
+from ..instrument.roofline import DEFAULT_COMPUTE_DTYPE
 from ..models.model import Model
 from ..ops.kinds import op_cost, step_cost
 from ..runtime.batch import SeqChunk, greedy_batch
@@ -47,6 +48,15 @@ def decode_step_bytes(model: Model, batch: int, context: int) -> float:
 def decode_bound_tok_s(model: Model, batch: int, context: int, profile: DeviceProfile) -> float:
     """Aggregate decode tokens/s that the device's memory bandwidth allows at ``batch`` (projected)."""
     return batch * profile.mem_bw / decode_step_bytes(model, batch, context)
+
+
+def device_profile(engine: Engine) -> DeviceProfile | None:
+    """The device profile the backend names (``details['profile']``, the host by default); None when the
+    backend names one that is not known (no bound is drawn then)."""
+    try:
+        return get_profile(engine.backend.device.details.get("profile", "host"))
+    except ValueError:
+        return None
 
 
 def time_batched_decode(engine: Engine, prompts: Sequence[Sequence[int]], gen: int) -> list[float]:
@@ -95,7 +105,8 @@ def decode_sweep(
             steps[b].extend(t)
             if progress:
                 progress(f"  repeat {r + 1}/{repeats}, batch {b}: {samples[b][-1]:8.1f} tok/s aggregate")
-    profile = host_profile() if engine.backend.device.kind == "cpu" else None
+    profile = device_profile(engine)
+    dtype = DEFAULT_COMPUTE_DTYPE.get(profile.kind, "fp32") if profile else "fp32"
     context = prompt_tokens + gen_tokens // 2
     flops = step_cost(model.graph(1, 1), np.array([context - 1])).flops
     rows = []
@@ -115,9 +126,9 @@ def decode_sweep(
             row["vs_batch1"] = ratio_ci(samples[b], samples[1])
         if profile is not None:
             row["bound_tok_s"] = decode_bound_tok_s(model, b, context, profile)
-            row["bound_how"] = f"{BOUND_HOW}: {profile.mem_bw / 1e9:.1f} GB/s {profile.how}"
-            row["compute_bound_tok_s"] = profile.peak("fp32") / flops
-            row["compute_bound_how"] = f"projected (FLOPs per token / fp32 peak, {profile.how})"
+            row["bound_how"] = f"{BOUND_HOW}: {profile.name}, {profile.mem_bw / 1e9:.1f} GB/s {profile.how}"
+            row["compute_bound_tok_s"] = profile.peak(dtype) / flops
+            row["compute_bound_how"] = f"projected (FLOPs per token / {dtype} peak of {profile.name}, {profile.how})"
         rows.append(row)
     return rows
 
