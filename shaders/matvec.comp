@@ -54,21 +54,27 @@ shared float red[WG];
 shared float inv_rms[MAX_T];
 shared bool last_wg;
 
-float row_sum(float v, uint tid, uint r_local, uint lane) {
-    // sum over the ROW_THREADS lanes of a row
+// Sums over the ROW_THREADS lanes of each row, for every token at once (one barrier pair in all, not per
+// token): below the subgroup size a shuffle butterfly, above it subgroupAdd then shared memory.
+void row_sums(inout float v[NT], uint r_local) {
     if (ROW_THREADS < gl_SubgroupSize) {
-        for (uint o = ROW_THREADS / 2u; o > 0u; o >>= 1) v += subgroupShuffleXor(v, o);
-        return v;
+        [[unroll]] for (uint t = 0u; t < NT; ++t)
+            for (uint o = ROW_THREADS / 2u; o > 0u; o >>= 1) v[t] += subgroupShuffleXor(v[t], o);
+        return;
     }
-    float s = subgroupAdd(v);
-    if (ROW_THREADS == gl_SubgroupSize) return s;
-    if (subgroupElect()) red[gl_SubgroupID] = s;
+    [[unroll]] for (uint t = 0u; t < NT; ++t) v[t] = subgroupAdd(v[t]);
+    if (ROW_THREADS == gl_SubgroupSize) return;
+    uint nsg = WG / gl_SubgroupSize;  // NT * nsg <= WG because NT <= 8 <= the subgroup size
+    if (subgroupElect())
+        [[unroll]] for (uint t = 0u; t < NT; ++t) red[t * nsg + gl_SubgroupID] = v[t];
     barrier();
     uint per = ROW_THREADS / gl_SubgroupSize;
-    float tot = 0.0;
-    for (uint i = 0u; i < per; ++i) tot += red[r_local * per + i];
+    [[unroll]] for (uint t = 0u; t < NT; ++t) {
+        float tot = 0.0;
+        for (uint i = 0u; i < per; ++i) tot += red[t * nsg + r_local * per + i];
+        v[t] = tot;
+    }
     barrier();
-    return tot;
 }
 
 void main() {
@@ -131,11 +137,14 @@ void main() {
             }
         }
     }
-    for (uint t = 0u; t < NT; ++t) {
-        float s = row_sum(acc[t], tid, r_local, lane);
+    row_sums(acc, r_local);
 #ifdef GELU_PAIR
-        float s2 = row_sum(acc2[t], tid, r_local, lane);
-        s = gelu_tanh(s) * s2;
+    row_sums(acc2, r_local);
+#endif
+    for (uint t = 0u; t < NT; ++t) {
+        float s = acc[t];
+#ifdef GELU_PAIR
+        s = gelu_tanh(s) * acc2[t];
 #endif
         if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
     }

@@ -29,7 +29,7 @@ from .recorded import Recorded
 from .weights import DeviceWeight, upload_weight
 
 KERNEL_TUNABLES = (
-    "matvec.wg", "matvec.row_threads", "matvec.row_threads_tall", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "matmul_coop.wg",
+    "matvec.wg", "matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "matmul_coop.wg",
     "matmul_coop.wm", "matmul_coop.tm", "matmul_coop.tn", "attention.wg",
     "attention.tile", "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
 )  # fmt: skip

@@ -173,6 +173,7 @@ class Tuning:
             "matvec.wg": max(256, wide),
             "matvec.row_threads": 4 * wide,
             "matvec.row_threads_tall": min(16, wide),
+            "matvec.row_threads_batch": 4 * wide,  # steps of 2..8 tokens
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
@@ -200,6 +201,9 @@ class Tuning:
                 self.values[key] = int(text)
             except ValueError:
                 raise ValueError(f"vulkan backend: tunable {key}={text!r} is not an integer") from None
+        for key in ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch"):
+            if key not in (overrides or {}):  # defaults follow a smaller matvec.wg
+                self.values[key] = min(self.values[key], self.values["matvec.wg"])
         self.validate(feats)
 
     def __getitem__(self, key: str) -> int:
@@ -223,7 +227,7 @@ class Tuning:
                 )
             if key.endswith(".wg") and val % sg:
                 errors.append(f"{key}={val} is not a multiple of the subgroup size {sg}")
-        for key in ("matvec.row_threads", "matvec.row_threads_tall"):
+        for key in ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch"):
             rt = v[key]
             if rt & (rt - 1) or (rt > sg and rt % sg) or v["matvec.wg"] % rt:
                 errors.append(

@@ -129,7 +129,8 @@ class Builder:
             defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["POST_NORM_ADD"] if post else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
-            rt = b.tuning["matvec.row_threads_tall" if tall else "matvec.row_threads"]
+            rt = b.tuning["matvec.row_threads_tall" if tall else "matvec.row_threads_batch" if t > 1 else
+                          "matvec.row_threads"]  # fmt: skip
             rows_per_wg = b.tuning["matvec.wg"] // rt
             gx, gy = split_groups(-(-part.rows // rows_per_wg))
             reads, writes = ([x, res], [y, out, counter]) if post else ([x], [y])
