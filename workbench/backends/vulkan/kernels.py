@@ -173,7 +173,7 @@ class Tuning:
             "matvec.wg": max(256, wide),
             "matvec.row_threads": 4 * wide,
             "matvec.row_threads_tall": min(16, wide),
-            "matvec.row_threads_batch": 4 * wide,  # steps of 2..8 tokens
+            "matvec.row_threads_batch": 2 * wide,  # steps of 2..8 tokens (H100 sweep: 64 best)
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
