@@ -31,6 +31,8 @@ def add_parser(sub) -> None:
     p.add_argument("--speed-tokens", type=non_negative_int, default=32,
                    help="decode tokens per timed run, 0 to skip speed (default 32)")  # fmt: skip
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs of each side (default 3)")
+    p.add_argument("--profile-repeats", type=positive_int, default=1,
+                   help="profiled decodes of each side for the FFN op time, median (default 1)")  # fmt: skip
     p.add_argument("--threads", type=positive_int, default=None, help="host threads (default: all cores)")
     p.add_argument("--tune", default=None, help="backend tunables name=value,...")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = EvalConfig(args.model, args.quant, args.sparsity, args.backend, args.ref_backend, args.text, args.tokens,
                      args.window, args.chunk, args.prompts, args.continuation, args.speed_tokens, args.repeats,
-                     args.threads, args.tune)  # fmt: skip
+                     args.profile_repeats, args.threads, args.tune)  # fmt: skip
     res = evaluate(cfg, progress=not args.no_progress)
     if args.json:
         emit_json(res)

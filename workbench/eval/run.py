@@ -6,7 +6,8 @@ variant's and the reference's perplexity, KL(reference || variant) and top-1 agr
 distributions; then greedy continuations of prompts taken from the text, compared token by token.
 
 Speed, measured here: greedy decode tokens/s of the variant and of the reference, alternating in one run
-(median of ``repeats``), and one profiled decode of each giving the FFN block's op time per token (the ops
+(median of ``repeats``), and ``profile_repeats`` profiled decodes of each (alternating, median) giving
+the FFN block's op time per token (the ops
 ``blk.N.ffn*`` and ``blk.N.post_ffw*``: norm, FFN, post-norm, residual), so the two compare side by side.
 """
 
@@ -48,11 +49,12 @@ class EvalConfig:
     continuation: int = 16  # tokens generated per prompt
     speed_tokens: int = 32  # decode tokens per timed run (0: no speed measurement)
     repeats: int = 3
+    profile_repeats: int = 1  # profiled decodes of each side for the FFN op time (median)
     threads: int | None = None
     tune: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "window", "chunk", "repeats"):
+        for name in ("tokens", "window", "chunk", "repeats", "profile_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"eval {name} must be >= 1, got {getattr(self, name)}")
         for name in ("prompts", "continuation", "speed_tokens"):
@@ -119,7 +121,11 @@ def measure_speed(ref: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, 
         for key, e in (("ref", ref), ("var", var)):
             runs[key].append(e.generate(prompt, n, greedy, stop_ids=()).decode_tok_s)
     tok_s = {k: statistics.median(v) for k, v in runs.items()}
-    ffn = {"ref": _ffn_ms_per_token(ref, prompt, n), "var": _ffn_ms_per_token(var, prompt, n)}
+    prof: dict[str, list[float]] = {"ref": [], "var": []}
+    for _ in range(cfg.profile_repeats):  # alternating, like the timed runs
+        for key, e in (("ref", ref), ("var", var)):
+            prof[key].append(_ffn_ms_per_token(e, prompt, n))
+    ffn = {k: statistics.median(v) for k, v in prof.items()}
     return {
         "decode_tok_s": tok_s["var"],
         "decode_tok_s_ref": tok_s["ref"],
@@ -130,6 +136,7 @@ def measure_speed(ref: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, 
         "prompt_tokens": len(prompt),
         "gen_tokens": n,
         "repeats": cfg.repeats,
+        "profile_repeats": cfg.profile_repeats,
     }
 
 
