@@ -7,8 +7,8 @@ distributions; then greedy continuations of prompts taken from the text, compare
 
 Speed, measured here: greedy decode tokens/s of the variant and of the reference, alternating in one run
 (median of ``repeats``), and ``profile_repeats`` profiled decodes of each (alternating, median) giving
-the FFN block's op time per token (the ops
-``blk.N.ffn*`` and ``blk.N.post_ffw*``: norm, FFN, post-norm, residual), so the two compare side by side.
+the FFN block's op time per token (the ops ``blk.N.ffn*`` and ``blk.N.post_ffw*``: norm, FFN, post-norm,
+residual), so the two compare side by side.
 """
 
 from __future__ import annotations
