@@ -295,8 +295,14 @@ def lower(b: CpuBackend, graph: Graph) -> Program | None:
 
 
 def runnable(step: Step) -> bool:
-    """Whether a step is what programs run: one sequence, one token, its logits."""
-    return step.n_tokens == 1 and len(step.seqs) == 1 and len(step.logit_rows) == 1
+    """Whether a step is what programs run: one sequence, one token, its logits, a float32 host KV cache."""
+    if not (step.n_tokens == 1 and len(step.seqs) == 1 and len(step.logit_rows) == 1):
+        return False
+    layers = getattr(step.seqs[0].cache, "layers", None)
+    return bool(layers) and all(
+        isinstance(getattr(layer, "keys", None), np.ndarray) and layer.keys.dtype == np.float32
+        for layer in layers
+    )
 
 
 def execute(b: CpuBackend, prog: Program, step: Step, observer: OpObserver | None) -> np.ndarray:
