@@ -79,13 +79,15 @@ def test_unmodified_variant_scores_as_the_reference(tmp_path):
 
 
 def test_quantized_sparse_variant_on_cpu_with_speed(tmp_path):
-    cfg = EvalConfig(quant="int4-g32", sparsity="ffn-topk=0.5", **{**FAST, "speed_tokens": 4, "repeats": 1})
+    cfg = EvalConfig(quant="int4-g32", sparsity="ffn-topk=0.5", **{**FAST, "speed_tokens": 4, "repeats": 1},
+                     ffn_layer_repeats=2)
     res = evaluate(cfg, model=tiny_model(tmp_path, "Q8_0"), progress=False)
     a, s = res["accuracy"], res["speed"]
     assert a["kl_mean"] > 0 and a["perplexity"] != a["perplexity_ref"]
     assert "itself quantized" in res["variant"]["source_note"]
     assert s["decode_tok_s"] > 0 and s["ffn_ms_per_token"] > 0 and s["ffn_ms_per_token_ref"] > 0
     assert res["weight_bytes"] < res["weight_bytes_ref"] and res["how"].startswith("measured on cpu")
+    assert s["ffn_layer"] == 1 and s["ffn_layer_us"] > 0 and s["ffn_layer_speedup"] > 0
 
 
 def test_cli_eval_json(tmp_path):

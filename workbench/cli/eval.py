@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs of each side (default 3)")
     p.add_argument("--profile-repeats", type=positive_int, default=1,
                    help="profiled decodes of each side for the FFN op time, median (default 1)")  # fmt: skip
+    p.add_argument("--ffn-layer-repeats", type=non_negative_int, default=0,
+                   help="also time the middle layer's FFN ops of both side by side, N rounds (cpu; warm caches)")  # fmt: skip
     p.add_argument("--threads", type=positive_int, default=None, help="host threads (default: all cores)")
     p.add_argument("--tune", default=None, help="backend tunables name=value,...")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = EvalConfig(args.model, args.quant, args.sparsity, args.backend, args.ref_backend, args.text, args.tokens,
                      args.window, args.chunk, args.prompts, args.continuation, args.speed_tokens, args.repeats,
-                     args.profile_repeats, args.threads, args.tune)  # fmt: skip
+                     args.profile_repeats, args.ffn_layer_repeats, args.threads, args.tune)  # fmt: skip
     res = evaluate(cfg, progress=not args.no_progress)
     if args.json:
         emit_json(res)
@@ -65,5 +67,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  decode {s['decode_tok_s']:.1f} tok/s vs {s['decode_tok_s_ref']:.1f} (x{s['decode_ratio']:.3f}); "
               f"FFN block {s['ffn_ms_per_token']:.3f} ms/token vs {s['ffn_ms_per_token_ref']:.3f} "
               f"(ref/variant x{s['ffn_speedup']:.3f})")  # fmt: skip
+    if "ffn_layer_us" in s:
+        print(f"  FFN ops of layer {s['ffn_layer']} alone: {s['ffn_layer_us']:.1f} us vs {s['ffn_layer_us_ref']:.1f} "
+              f"(ref/variant x{s['ffn_layer_speedup']:.3f}, warm caches)")  # fmt: skip
     print(f"  ({res['how']})")
     return 0

@@ -50,6 +50,7 @@ class EvalConfig:
     speed_tokens: int = 32  # decode tokens per timed run (0: no speed measurement)
     repeats: int = 3
     profile_repeats: int = 1  # profiled decodes of each side for the FFN op time (median)
+    ffn_layer_repeats: int = 0  # >0: also time one layer's FFN ops side by side (warm caches, cpu only)
     threads: int | None = None
     tune: str | None = None
 
@@ -57,7 +58,7 @@ class EvalConfig:
         for name in ("tokens", "window", "chunk", "repeats", "profile_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"eval {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("prompts", "continuation", "speed_tokens"):
+        for name in ("prompts", "continuation", "speed_tokens", "ffn_layer_repeats"):
             if getattr(self, name) < 0:
                 raise ValueError(f"eval {name} must be >= 0, got {getattr(self, name)}")
 
@@ -163,6 +164,10 @@ def evaluate(cfg: EvalConfig, model: Model | None = None, progress: bool = True)
             accuracy.update(greedy_agreement(_continuations(ref, prompts, cfg.continuation),
                                              _continuations(var, prompts, cfg.continuation)))  # fmt: skip
         speed = measure_speed(ref, var, bos + ids[:16], cfg, progress) if cfg.speed_tokens > 1 else {}
+        if cfg.ffn_layer_repeats:
+            from .ffn_ops import ffn_layer_times
+
+            speed.update(ffn_layer_times(ref, var, base.config.n_layers // 2, cfg.ffn_layer_repeats))
         device, ref_device = var.backend.device.label(), ref.backend.device.label()
     finally:
         ref.close()
