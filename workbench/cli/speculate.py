@@ -24,7 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default="ngram:1-3",
                    help="draft source: ngram[:MIN-MAX] (prompt lookup), layers:N (first N layers), "
                         "quant:SPEC (re-quantized copy, e.g. quant:int4-g32); default ngram:1-3")  # fmt: skip
-    p.add_argument("-k", "--draft-tokens", type=positive_int, default=4, help="drafts verified per step")
+    p.add_argument("-k", "--draft-tokens", type=positive_int, default=7,
+                   help="drafts verified per step (default 7: k+1 = 8 rows fill one row group of the cpu "
+                        "backend's batched kernel)")  # fmt: skip
     p.add_argument("--max-tokens", "-n", type=positive_int, default=64)
     p.add_argument("--repeats", "-r", type=positive_int, default=3)
     p.add_argument("--no-record", action="store_true", help="do not write a run record")
