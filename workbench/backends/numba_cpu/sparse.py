@@ -155,13 +155,16 @@ def sparse_ffn_token(fg, wg, ug, fu, wu, uu, xq, xd, xs, x, levels, stat, z, k, 
     for j in range(m):
         f[j] = a[idx[j]] * u[0, j]
     n_out = wt.shape[1]
-    for i in prange((n_out + 63) // 64):
-        c0, c1 = i * 64, min(n_out, (i + 1) * 64)
+    parts = numba.get_num_threads()  # one column range per thread: each kept row is read in long runs
+    width = ((n_out + parts - 1) // parts + 15) // 16 * 16
+    for i in prange((n_out + width - 1) // width):
+        c0, c1 = i * width, min(n_out, (i + 1) * width)
         acc = np.zeros(c1 - c0, np.float32)
         for j in range(m):
-            row = wt[idx[j]]
-            for c in range(c0, c1):
-                acc[c - c0] += f[j] * row[c]
+            row = wt[idx[j], c0:c1]
+            fj = f[j]
+            for c in range(c1 - c0):
+                acc[c] += fj * row[c]
         out[c0:c1] = acc
 
 
