@@ -86,7 +86,7 @@ def run_load(
     def client_loop(i: int) -> None:
         client = _client(base_url, api_key, timeout_s)
         j = 0
-        while time.perf_counter() < stop_at:
+        while j == 0 or time.perf_counter() < stop_at:  # every client sends at least one request
             prompt = prompts[(i + j) % len(prompts)]
             j += 1
             t0 = time.perf_counter()
