@@ -10,6 +10,17 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#ifdef F16_MATH
+// fp16 arithmetic variant (devices with shaderFloat16): the products of a chunk in fp16, sums across chunks in
+// fp32; activations clamped to the fp16 range
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+float dot8(vec4 a, vec4 b, vec4 c, vec4 d) {
+    f16vec4 p = f16vec4(a) * f16vec4(clamp(b, -65504.0, 65504.0)) + f16vec4(c) * f16vec4(clamp(d, -65504.0, 65504.0));
+    return float(p.x) + float(p.y) + float(p.z) + float(p.w);
+}
+#else
+float dot8(vec4 a, vec4 b, vec4 c, vec4 d) { return dot(a, b) + dot(c, d); }
+#endif
 #include "common.glsl"
 #ifdef POST_NORM_ADD
 layout(binding = 1) coherent buffer ArenaC { float actc[]; };
@@ -130,9 +141,9 @@ void main() {
                 xl = (xl * inv_rms[t]) * nlo;
                 xh = (xh * inv_rms[t]) * nhi;
 #endif
-                acc[t] += dot(lo, xl) + dot(hi, xh);
+                acc[t] += dot8(lo, xl, hi, xh);
 #ifdef GELU_PAIR
-                acc2[t] += dot(lo2, xl) + dot(hi2, xh);
+                acc2[t] += dot8(lo2, xl, hi2, xh);
 #endif
             }
         }

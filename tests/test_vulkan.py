@@ -183,6 +183,17 @@ def test_tunables_keep_results(tiny, tune):
     compare(tiny, TOKENS[:10], tune=tune)
 
 
+def test_fp16_matvec_variant(tmp_path):
+    """fp16 products in the decode matvec (shaderFloat16): logits within fp16 rounding of the reference."""
+    from workbench.backends.vulkan.device import list_devices
+
+    if not list_devices()[0].fp16:
+        pytest.skip("the device has no shaderFloat16")
+    model = wb.load(str(write_synthetic(SMALL, "q4_k_m", tmp_path / "q4.gguf", progress=False)))
+    ev = compare(model, TOKENS[:6], decode=4, rel=2e-2, tune="matvec.fp16=1")
+    assert any("F16_MATH" in d.defines for p in ev.backend.programs.values() for d in p.dispatches)
+
+
 @pytest.mark.parametrize(
     "tune, words",
     [

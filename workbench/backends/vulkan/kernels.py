@@ -159,8 +159,15 @@ PROGRAM_TUNABLES = {
     "attention.fused_combine": 0,  # the separate merge measured faster on an H100
     "attention.kv_in_rope": 1,
     "matvec.post_norm": 1,
+    "matvec.fp16": 0,  # fp16 products in the decode matvec (devices with shaderFloat16)
 }
-SWITCHES = ("matmul.coop", "attention.fused_combine", "attention.kv_in_rope", "matvec.post_norm")  # 0 or 1
+SWITCHES = (
+    "matmul.coop",
+    "attention.fused_combine",
+    "attention.kv_in_rope",
+    "matvec.post_norm",
+    "matvec.fp16",
+)
 
 
 class Tuning:
@@ -253,6 +260,8 @@ class Tuning:
             )
         if f.coopmat_f16:
             errors += _coop_errors(v, f)
+        if v["matvec.fp16"] and not f.fp16:
+            errors.append("matvec.fp16=1 needs shaderFloat16, which this device lacks")
         if v["argmax.wg"] & (v["argmax.wg"] - 1):
             errors.append("argmax.wg must be a power of two")
         if not 1 <= v["matvec.max_tokens"] <= 8:
@@ -292,7 +301,9 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     out = []
     for f in FORMAT_DEFINES:
         out += [("matvec", f), ("matvec", (*f, "NORM")), ("matvec", (*f, "GELU_PAIR", "NORM")),
-                ("matvec", (*f, "GELU_PAIR")), ("matvec", (*f, "POST_NORM_ADD")), ("matmul", f),
+                ("matvec", (*f, "GELU_PAIR")), ("matvec", (*f, "POST_NORM_ADD")), ("matvec", (*f, "F16_MATH")),
+                ("matvec", (*f, "F16_MATH", "NORM")), ("matvec", (*f, "F16_MATH", "GELU_PAIR", "NORM")),
+                ("matvec", (*f, "F16_MATH", "POST_NORM_ADD")), ("matmul", f),
                 ("matmul_coop", f), ("embed", f)]  # fmt: skip
     out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
     out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]

@@ -128,6 +128,7 @@ class Builder:
                         peps=peps, cnt_off=Ref(counter) if counter else 0)  # fmt: skip
             defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["POST_NORM_ADD"] if post else []
+            defines += ["F16_MATH"] if b.tuning["matvec.fp16"] else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
             rt = b.tuning["matvec.row_threads_tall" if tall else "matvec.row_threads_batch" if t > 1 else
                           "matvec.row_threads"]  # fmt: skip
