@@ -124,7 +124,9 @@ def test_decode_attention_kernel_matches_reference(window, ring):
     out = np.empty_like(q)
     k.attend_one(q, keys, vals, kpos, cap, n - 1, nh, hd, 0.3, window, out)
     seen = kpos >= 0
-    want = ref.attention(q[None], keys[seen], vals[seen], np.array([n - 1]), kpos[seen], nh, nkv, hd, 0.3, window)
+    want = ref.attention(
+        q[None], keys[seen], vals[seen], np.array([n - 1]), kpos[seen], nh, nkv, hd, 0.3, window
+    )
     np.testing.assert_allclose(out, want[0], rtol=1e-5, atol=1e-5)
 
 
@@ -140,7 +142,9 @@ def test_decode_program_equals_op_by_op(default_model):
         cpu.run(cpu.prepare_graph(default_model.graph(len(toks), 1)), Step.single(cache, toks, 0))
         if not lowered:
             cpu._programs[id(g1)] = (g1, None)
-        runs.append([cpu.run(g1, Step.single(cache, [5 + i], len(toks) + i, "last", "decode")) for i in range(3)])
+        runs.append(
+            [cpu.run(g1, Step.single(cache, [5 + i], len(toks) + i, "last", "decode")) for i in range(3)]
+        )
     assert cpu._program(g1, Step.single(cpu.new_cache(4), [1], 0)) is None  # the forced op-by-op run
     for a, b in zip(*runs, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -46,7 +46,10 @@ def test_known_values():
 
 def test_greedy_agreement():
     r = greedy_agreement([[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 9, 4], [5, 6, 7, 8]])
-    assert r == {"greedy_prefix": pytest.approx((0.5 + 1.0) / 2), "greedy_same": pytest.approx((0.75 + 1.0) / 2)}
+    assert r == {
+        "greedy_prefix": pytest.approx((0.5 + 1.0) / 2),
+        "greedy_same": pytest.approx((0.75 + 1.0) / 2),
+    }
 
 
 def test_shipped_text_is_long_public_domain_english_with_provenance():
@@ -79,8 +82,12 @@ def test_unmodified_variant_scores_as_the_reference(tmp_path):
 
 
 def test_quantized_sparse_variant_on_cpu_with_speed(tmp_path):
-    cfg = EvalConfig(quant="int4-g32", sparsity="ffn-topk=0.5", **{**FAST, "speed_tokens": 4, "repeats": 1},
-                     ffn_layer_repeats=2)
+    cfg = EvalConfig(
+        quant="int4-g32",
+        sparsity="ffn-topk=0.5",
+        **{**FAST, "speed_tokens": 4, "repeats": 1},
+        ffn_layer_repeats=2,
+    )
     res = evaluate(cfg, model=tiny_model(tmp_path, "Q8_0"), progress=False)
     a, s = res["accuracy"], res["speed"]
     assert a["kl_mean"] > 0 and a["perplexity"] != a["perplexity_ref"]
@@ -94,7 +101,16 @@ def test_cli_eval_json(tmp_path):
     path = tiny_model(tmp_path).source
     args = ["--tokens", "30", "--window", "16", "--chunk", "8", "--prompts", "1", "--continuation", "3",
             "--speed-tokens", "0", "--no-progress"]  # fmt: skip
-    cmd = [str(Path(sys.executable).parent / "workbench"), "eval", "--model", path, "--quant", "int8", "--backend", "numpy"]
+    cmd = [
+        str(Path(sys.executable).parent / "workbench"),
+        "eval",
+        "--model",
+        path,
+        "--quant",
+        "int8",
+        "--backend",
+        "numpy",
+    ]
     out = subprocess.run(cmd + args + ["--json"], capture_output=True, text=True, timeout=300, check=True)
     res = json.loads(out.stdout)
     assert res["quant"] == "int8" and 0 < res["accuracy"]["top1_agreement"] <= 1

@@ -150,7 +150,9 @@ def test_run_placed_tokens_equal_reference(tmp_path):
         assert all(s["tokens_per_s"] > 0 for s in res["steps"])
     first = res["steps"][0]
     assert first["ops_by_device"].get("npu", 0) > 0 and first["measured_host_copies"]["count"] > 0
-    assert first["transfer_bytes"] > 0 and res["steps"][1]["ops_by_device"] == {"vulkan": len(model.graph(1).ops)}
+    assert first["transfer_bytes"] > 0 and res["steps"][1]["ops_by_device"] == {
+        "vulkan": len(model.graph(1).ops)
+    }
     assert np.isfinite(first["step_s"]) and TINY.n_layers == 3
 
 
@@ -220,5 +222,7 @@ def test_custom_placement_with_cpu_ops_runs_and_measures_them(tmp_path):
     res = run_placed(model, "custom:all=cpu,attn=npu", ids, decode_tokens=1)
     assert res["output_ids"] == ref.output_ids
     how = res["steps"][1]["how"]
-    assert "cpu: measured (numpy reference, this host)" in how and any(h.startswith("npu: emulated") for h in how)
+    assert "cpu: measured (numpy reference, this host)" in how and any(
+        h.startswith("npu: emulated") for h in how
+    )
     assert main(["placement", "--json", "-m", "gemma3-270m", "-s", "custom:ffn=npu"]) == 0

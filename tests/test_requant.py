@@ -66,7 +66,9 @@ def test_round_trip_error_bounds(text):
         g = fmt.group
         scale = planes["scale"].astype(np.float32)
         assert planes["q"].shape == (48, 128) and scale.shape == (48, 256 // g)
-        step = 1.0 if fmt.symmetric else 0.5  # symmetric: the extreme maps to -8, so +extreme clips to 7 (a step)
+        step = (
+            1.0 if fmt.symmetric else 0.5
+        )  # symmetric: the extreme maps to -8, so +extreme clips to 7 (a step)
         bound = np.repeat(np.abs(scale), g, axis=1) * step + 1e-3 * np.abs(W)
         assert (err <= bound).all()
 
@@ -121,7 +123,19 @@ def test_act8_rounds_each_token_to_127_levels():
     assert np.abs(q - x).max() <= s.max() / 2 + 1e-6
 
 
-@pytest.mark.parametrize("quant", ["fp32", "fp16", "bf16", "int8", "int4-g32", "int4-g64-asym,ffn_down=int4-g32-asym", "int4-g32,ffn_down=int8", "int8+a8"])
+@pytest.mark.parametrize(
+    "quant",
+    [
+        "fp32",
+        "fp16",
+        "bf16",
+        "int8",
+        "int4-g32",
+        "int4-g64-asym,ffn_down=int4-g32-asym",
+        "int4-g32,ffn_down=int8",
+        "int8+a8",
+    ],
+)
 def test_cpu_runs_planar_formats_like_the_numpy_oracle(tmp_path, quant):
     model = requantize(tiny_model(tmp_path, "Q8_0"), quant, progress=False)
     ref, got = forward_logits(model, "numpy"), forward_logits(model, "cpu")

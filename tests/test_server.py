@@ -111,7 +111,9 @@ def test_token_ids_prompt_stop_strings_and_sampling(server, engine):
     if len(alone.text) > 3:
         stop = alone.text[2:4]
         r = c.completions.create(model=MODEL_ID, prompt=ids, max_tokens=8, temperature=0, stop=[stop])
-        assert r.choices[0].text == alone.text[: alone.text.index(stop)] and r.choices[0].finish_reason == "stop"
+        assert (
+            r.choices[0].text == alone.text[: alone.text.index(stop)] and r.choices[0].finish_reason == "stop"
+        )
     a, b = (c.completions.create(model=MODEL_ID, prompt="the", max_tokens=6, temperature=0.9, seed=5).choices[0].text
             for _ in range(2))  # fmt: skip
     assert a == b  # same seed, same sample

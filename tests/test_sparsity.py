@@ -20,7 +20,12 @@ RNG = np.random.default_rng(1)
 def test_spec_parsing():
     s = parse_sparsity("ffn-stat=0.95@0-9,nm=2:4@ffn@1,attn-window=128", n_layers=18)
     assert s.ffn.method == "stat" and s.ffn.target == 0.95 and s.ffn.applies(9) and not s.ffn.applies(10)
-    assert (s.nm.n, s.nm.m, s.nm.kinds, s.nm.layers) == (2, 4, ("ffn_gate", "ffn_up", "ffn_down"), frozenset({1}))
+    assert (s.nm.n, s.nm.m, s.nm.kinds, s.nm.layers) == (
+        2,
+        4,
+        ("ffn_gate", "ffn_up", "ffn_down"),
+        frozenset({1}),
+    )
     assert s.attn_window == 128
     assert parse_sparsity("none").is_dense
 
@@ -73,7 +78,9 @@ def test_sparse_ffn_at_zero_sparsity_is_the_dense_ffn():
     h = RNG.standard_normal((2, 16)).astype(np.float32)
     gw, uw, dw = (RNG.standard_normal(s).astype(np.float32) for s in ((40, 16), (40, 16), (16, 40)))
     dense = ref.matmul(ref.gelu_tanh(ref.matmul(h, gw)) * ref.matmul(h, uw), dw)
-    np.testing.assert_allclose(sparse_ffn(h, gw, uw, dw, [None] * 3, "topk", 0.0), dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        sparse_ffn(h, gw, uw, dw, [None] * 3, "topk", 0.0), dense, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_rewrite_replaces_the_ffn_of_chosen_layers(tmp_path):

@@ -172,9 +172,25 @@ TINY = {
     "00_quickstart.ipynb": {"backend": "cpu", "max_tokens": 2, "prompt": "Hi"},
     "10_workgroup_sweep.ipynb": {"prompt_tokens": 4, "gen_tokens": 2, "repeats": 1, "rows_per_task": 8},
     "11_quantization.ipynb": {"eval_tokens": 32, "speed_tokens": 2, "repeats": 1, "prompts": 1},
-    "12_sparsity.ipynb": {"sparsity": "ffn-topk=0.5", "eval_tokens": 32, "speed_tokens": 2, "repeats": 1, "prompts": 1},
-    "13_npu_igpu_split.ipynb": {"models": ["gemma3-270m"], "strategies": ["all-igpu", "npu-ffn"], "run_tokens": 0},
-    "14_batching.ipynb": {"batch_sizes": [1, 2], "prompt_tokens": 8, "gen_tokens": 2, "repeats": 1, "prompt_lengths": [4]},
+    "12_sparsity.ipynb": {
+        "sparsity": "ffn-topk=0.5",
+        "eval_tokens": 32,
+        "speed_tokens": 2,
+        "repeats": 1,
+        "prompts": 1,
+    },
+    "13_npu_igpu_split.ipynb": {
+        "models": ["gemma3-270m"],
+        "strategies": ["all-igpu", "npu-ffn"],
+        "run_tokens": 0,
+    },
+    "14_batching.ipynb": {
+        "batch_sizes": [1, 2],
+        "prompt_tokens": 8,
+        "gen_tokens": 2,
+        "repeats": 1,
+        "prompt_lengths": [4],
+    },
 }
 
 

@@ -90,7 +90,9 @@ def decode_sweep(
         raise ValueError("repeats, gen_tokens and prompt_tokens must be >= 1")
     need = prompt_tokens + gen_tokens + 1
     if need > engine.max_context:
-        raise ValueError(f"prompt_tokens + gen_tokens ({need - 1}) exceed the context of {engine.max_context}")
+        raise ValueError(
+            f"prompt_tokens + gen_tokens ({need - 1}) exceed the context of {engine.max_context}"
+        )
     model = engine.model
     prompts = {b: batch_prompts(model, b, prompt_tokens) for b in sizes}
     for _ in range(warmups):
@@ -128,7 +130,9 @@ def decode_sweep(
             row["bound_tok_s"] = decode_bound_tok_s(model, b, context, profile)
             row["bound_how"] = f"{BOUND_HOW}: {profile.name}, {profile.mem_bw / 1e9:.1f} GB/s {profile.how}"
             row["compute_bound_tok_s"] = profile.peak(dtype) / flops
-            row["compute_bound_how"] = f"projected (FLOPs per token / {dtype} peak of {profile.name}, {profile.how})"
+            row["compute_bound_how"] = (
+                f"projected (FLOPs per token / {dtype} peak of {profile.name}, {profile.how})"
+            )
         rows.append(row)
     return rows
 

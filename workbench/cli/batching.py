@@ -29,7 +29,9 @@ def add_parser(sub) -> None:
     )
     add_model_args(p)
     add_backend_args(p)
-    p.add_argument("--batch-sizes", type=_sizes, default=[1, 2, 4, 8], help="comma-separated (default 1,2,4,8)")
+    p.add_argument(
+        "--batch-sizes", type=_sizes, default=[1, 2, 4, 8], help="comma-separated (default 1,2,4,8)"
+    )
     p.add_argument("--prompt-tokens", "-p", type=positive_int, default=64)
     p.add_argument("--gen-tokens", "-g", type=positive_int, default=32)
     p.add_argument("--repeats", "-r", type=positive_int, default=5)
@@ -90,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
         emit_json(out)
         return 0
     print(f"{out['model']} on {out['backend']} ({dev}): batched decode, {out['how']}")
-    print(f"{'batch':>5} {'tok/s (median [95% CI])':>28} {'x batch 1':>10} {'step p50 ms':>12} {'bound tok/s':>12}")
+    print(
+        f"{'batch':>5} {'tok/s (median [95% CI])':>28} {'x batch 1':>10} {'step p50 ms':>12} {'bound tok/s':>12}"
+    )
     for r in rows:
         d, ratio = r["decode_tok_s"], r.get("vs_batch1", {}).get("ratio", float("nan"))
         bound = r.get("bound_tok_s", float("nan"))

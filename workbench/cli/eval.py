@@ -18,16 +18,26 @@ def add_parser(sub) -> None:
         "nm=2:4[@ffn], attn-window=128, comma-joined.",
     )
     add_model_args(p)
-    p.add_argument("--quant", "-q", default="native", help="weight formats (default: native, the model's own)")
+    p.add_argument(
+        "--quant", "-q", default="native", help="weight formats (default: native, the model's own)"
+    )
     p.add_argument("--sparsity", "-s", default="none", help="sparsity spec (default: none)")
-    p.add_argument("--backend", "-b", default="cpu", help="backend of the variant: numpy | cpu (default: cpu)")
-    p.add_argument("--ref-backend", default=None, help="backend of the unmodified reference (default: --backend)")
+    p.add_argument(
+        "--backend", "-b", default="cpu", help="backend of the variant: numpy | cpu (default: cpu)"
+    )
+    p.add_argument(
+        "--ref-backend", default=None, help="backend of the unmodified reference (default: --backend)"
+    )
     p.add_argument("--text", default="kjv", help="kjv (default), declaration, or a UTF-8 text file")
     p.add_argument("--tokens", type=positive_int, default=1024, help="text tokens scored (default 1024)")
     p.add_argument("--window", type=positive_int, default=512, help="tokens per sequence (default 512)")
     p.add_argument("--chunk", type=positive_int, default=128, help="tokens per forward call (default 128)")
-    p.add_argument("--prompts", type=non_negative_int, default=4, help="greedy-continuation prompts (default 4)")
-    p.add_argument("--continuation", type=non_negative_int, default=16, help="tokens per continuation (default 16)")
+    p.add_argument(
+        "--prompts", type=non_negative_int, default=4, help="greedy-continuation prompts (default 4)"
+    )
+    p.add_argument(
+        "--continuation", type=non_negative_int, default=16, help="tokens per continuation (default 16)"
+    )
     p.add_argument("--speed-tokens", type=non_negative_int, default=32,
                    help="decode tokens per timed run, 0 to skip speed (default 32)")  # fmt: skip
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs of each side (default 3)")
@@ -55,14 +65,20 @@ def run(args: argparse.Namespace) -> int:
         emit_json(res)
         return 0
     a, s = res["accuracy"], res["speed"]
-    print(f"{res['model']}: quant {res['quant']}, sparsity {res['sparsity']} on {res['device']} vs the unmodified model")
+    print(
+        f"{res['model']}: quant {res['quant']}, sparsity {res['sparsity']} on {res['device']} vs the unmodified model"
+    )
     print(f"  {res['variant'].get('source_note', '')}")
     print(f"  perplexity {a['perplexity']:.4f} (reference {a['perplexity_ref']:.4f}, {100 * a['perplexity_rel']:+.2f}%) "
           f"over {a['tokens_scored']} tokens of {res['text']}")  # fmt: skip
     print(f"  KL mean {a['kl_mean']:.5f} (max {a['kl_max']:.4f}), top-1 agreement {a['top1_agreement']:.4f}")
     if "greedy_prefix" in a:
-        print(f"  greedy continuations: {a['greedy_prefix']:.3f} matched prefix, {a['greedy_same']:.3f} same tokens")
-    print(f"  matmul weights {res['weight_bytes'] / 2**20:.1f} MiB (reference {res['weight_bytes_ref'] / 2**20:.1f} MiB)")
+        print(
+            f"  greedy continuations: {a['greedy_prefix']:.3f} matched prefix, {a['greedy_same']:.3f} same tokens"
+        )
+    print(
+        f"  matmul weights {res['weight_bytes'] / 2**20:.1f} MiB (reference {res['weight_bytes_ref'] / 2**20:.1f} MiB)"
+    )
     if s:
         print(f"  decode {s['decode_tok_s']:.1f} tok/s vs {s['decode_tok_s_ref']:.1f} (x{s['decode_ratio']:.3f}); "
               f"FFN block {s['ffn_ms_per_token']:.3f} ms/token vs {s['ffn_ms_per_token_ref']:.3f} "

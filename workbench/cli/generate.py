@@ -117,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {i:>7} {tok.piece(i)!r:<20} {lg:9.4f}", file=sys.stderr)
         if profiler is not None:
             ops = tables["ops"]
-            view = by_kind(ops) if ops["timing"].nunique() <= 1 else by_placement(ops)  # say how each time was got
+            view = (
+                by_kind(ops) if ops["timing"].nunique() <= 1 else by_placement(ops)
+            )  # say how each time was got
             print(view[["calls", "time_s", "share", "gbps", "gflops"]].to_string(), file=sys.stderr)
         print(
             f"[{result.backend} on {result.device}: prompt {len(result.input_ids)} tokens at "

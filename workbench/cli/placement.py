@@ -17,8 +17,7 @@ def add_parser(sub) -> None:
         "needed): NPU times emulated (AIE cost model), iGPU times projected (roofline), transfers modeled. "
         "With --run: generate with one strategy on this machine (emulator for npu, cpu backend measured, "
         "iGPU ops projected with values from numpy, or all-igpu measured on the vulkan backend with --igpu "
-        "vulkan). Strategies: "
-        + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()),
+        "vulkan). Strategies: " + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()),
     )
     p.add_argument("--model", "-m", action="append", default=None,
                    help="model config preset, repeatable (default: gemma3-270m and gemma3-27b); with --run a loadable model")  # fmt: skip
@@ -61,7 +60,9 @@ def _strategy(text: str) -> str:
             raise argparse.ArgumentTypeError(str(e)) from None
         return text
     if text not in STRATEGIES:
-        raise argparse.ArgumentTypeError(f"unknown strategy {text!r} (known: {', '.join(STRATEGIES)}, custom:RULES)")
+        raise argparse.ArgumentTypeError(
+            f"unknown strategy {text!r} (known: {', '.join(STRATEGIES)}, custom:RULES)"
+        )
     return text
 
 

@@ -72,10 +72,14 @@ def run(args: argparse.Namespace) -> int:
     pl, sp, x = out["plain_decode_tok_s"], out["speculative_decode_tok_s"], out["decode_speedup"]
     print(f"{out['model']} on {out['backend']} ({dev}), {out['how']}")
     print(f"plain greedy      {pl['median']:8.1f} tok/s [{pl['lo']:.1f}, {pl['hi']:.1f}]")
-    print(f"speculative ({out['drafter']}, k={out['k']}) {sp['median']:8.1f} tok/s [{sp['lo']:.1f}, {sp['hi']:.1f}]")
+    print(
+        f"speculative ({out['drafter']}, k={out['k']}) {sp['median']:8.1f} tok/s [{sp['lo']:.1f}, {sp['hi']:.1f}]"
+    )
     print(f"decode speedup    {x['ratio']:8.2f}x [{x['lo']:.2f}, {x['hi']:.2f}]; end to end "
           f"{out['end_to_end_speedup']['ratio']:.2f}x")  # fmt: skip
-    print(f"acceptance rate   {out['acceptance_rate']:8.1%}; {out['tokens_per_verify_step']:.2f} tokens per verify step")
+    print(
+        f"acceptance rate   {out['acceptance_rate']:8.1%}; {out['tokens_per_verify_step']:.2f} tokens per verify step"
+    )
     print(f"outputs identical to plain greedy: {out['identical']}")
     if "record" in out:
         print(f"record: {out['record']}")

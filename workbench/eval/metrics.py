@@ -28,7 +28,9 @@ class TokenMetrics:
     def add(self, ref_logits: np.ndarray, logits: np.ndarray, targets: np.ndarray) -> None:
         """Score rows ``i`` (the distributions after token i) against the next tokens ``targets[i]``."""
         if ref_logits.shape != logits.shape or len(targets) != len(logits):
-            raise ValueError(f"logit shapes {ref_logits.shape} / {logits.shape} and {len(targets)} targets disagree")
+            raise ValueError(
+                f"logit shapes {ref_logits.shape} / {logits.shape} and {len(targets)} targets disagree"
+            )
         lp_ref, lp = log_softmax(ref_logits), log_softmax(logits)
         rows = np.arange(len(targets))
         self.nll_ref -= float(lp_ref[rows, targets].sum())

@@ -72,7 +72,9 @@ def _engine(model: Model, backend: str, cfg: EvalConfig) -> Engine:
     return Engine(model, backend, prefill_chunk=cfg.chunk, **opts)
 
 
-def score_text(ref: Engine, var: Engine, ids: list[int], bos: list[int], cfg: EvalConfig, progress: bool) -> TokenMetrics:
+def score_text(
+    ref: Engine, var: Engine, ids: list[int], bos: list[int], cfg: EvalConfig, progress: bool
+) -> TokenMetrics:
     """Accumulate :class:`TokenMetrics` over ``ids`` in windows (each starting with ``bos``) and chunks."""
     tm = TokenMetrics()
     windows = [bos + ids[s : s + cfg.window] for s in range(0, len(ids), cfg.window)]
@@ -111,7 +113,9 @@ def _ffn_ms_per_token(engine: Engine, prompt: list[int], n: int) -> float:
     return 1e3 * float(dec[dec["op"].str.match(FFN_OP)]["host_s"].sum()) / steps
 
 
-def measure_speed(ref: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, progress: bool) -> dict[str, float]:
+def measure_speed(
+    ref: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, progress: bool
+) -> dict[str, float]:
     """Decode tokens/s of both (alternating, medians) and their FFN op time per token; ratios variant/ref."""
     n = cfg.speed_tokens
     greedy = SamplingParams()
@@ -142,7 +146,9 @@ def measure_speed(ref: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, 
 
 
 def _matmul_bytes(model: Model) -> int:
-    return sum(t.nbytes for name, t in model.weights.items() if getattr(t, "rows", 0) > 1 and "norm" not in name)
+    return sum(
+        t.nbytes for name, t in model.weights.items() if getattr(t, "rows", 0) > 1 and "norm" not in name
+    )
 
 
 def evaluate(cfg: EvalConfig, model: Model | None = None, progress: bool = True) -> dict[str, Any]:
@@ -186,6 +192,7 @@ def evaluate(cfg: EvalConfig, model: Model | None = None, progress: bool = True)
         "weight_bytes_ref": _matmul_bytes(base),
         "accuracy": accuracy,
         "speed": speed,
-        "how": f"measured on {device} (reference on {ref_device})" + ("" if speed else "; speed not measured"),
+        "how": f"measured on {device} (reference on {ref_device})"
+        + ("" if speed else "; speed not measured"),
         "config": asdict(cfg),
     }

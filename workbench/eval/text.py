@@ -16,7 +16,9 @@ def load_text(name_or_path: str = DEFAULT_TEXT) -> tuple[str, str]:
     """``(text, label)`` of a bundled text (``kjv``, ``declaration``) or of a UTF-8 file path."""
     path = TEXTS.get(name_or_path, Path(name_or_path))
     if not path.is_file():
-        raise ValueError(f"evaluation text {name_or_path!r}: no such bundled text ({', '.join(TEXTS)}) or file")
+        raise ValueError(
+            f"evaluation text {name_or_path!r}: no such bundled text ({', '.join(TEXTS)}) or file"
+        )
     text = path.read_text(encoding="utf-8")
     if not text.strip():
         raise ValueError(f"evaluation text {path} is empty")

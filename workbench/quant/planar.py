@@ -92,11 +92,15 @@ def parse_format(text: str) -> PlanarFormat:
     plain, group, asym, act8 = m.groups()
     if plain:
         if act8 and plain != "int8":
-            raise FormatError(f"format {text!r}: +a8 (int8 activations) applies to int8 and int4 weights only")
+            raise FormatError(
+                f"format {text!r}: +a8 (int8 activations) applies to int8 and int4 weights only"
+            )
         return PlanarFormat(plain, act8=bool(act8))
     g = int(group)
     if g not in GROUP_SIZES:
-        raise FormatError(f"format {text!r}: invalid group size {g} (use one of {', '.join(map(str, GROUP_SIZES))})")
+        raise FormatError(
+            f"format {text!r}: invalid group size {g} (use one of {', '.join(map(str, GROUP_SIZES))})"
+        )
     return PlanarFormat("int4", g, symmetric=not asym, act8=bool(act8))
 
 
@@ -246,4 +250,3 @@ def matmul_input(tensor, x: np.ndarray) -> np.ndarray:
 
 def make_planar(name: str, w: np.ndarray, fmt: PlanarFormat, source: str) -> PlanarTensor:
     return PlanarTensor(name, fmt, tuple(w.shape), quantize(w, fmt, name), source)
-

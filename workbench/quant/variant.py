@@ -50,4 +50,6 @@ def make_variant(
     fields = {k: getattr(model, k) for k in ("config", "weights", "tokenizer", "source", "kind")}
     if weights is not None:
         fields["weights"] = weights
-    return VariantModel(**fields, rewrites=base_rewrites + tuple(rewrites), notes={**base_notes, **(notes or {})})
+    return VariantModel(
+        **fields, rewrites=base_rewrites + tuple(rewrites), notes={**base_notes, **(notes or {})}
+    )

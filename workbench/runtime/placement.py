@@ -202,11 +202,15 @@ def kv_handoffs(graph: Graph, strategy: str, first_n: int | None) -> list[tuple[
         if op.kind == "attention" and here[op.name] != there[op.name]:
             a = op.attrs
             keys = min(graph.n_tokens, a.get("window", 0) or graph.n_tokens)
-            out.append((op, here[op.name], there[op.name], 2 * keys * a["n_kv_heads"] * a["head_dim"] * KV_BYTES))
+            out.append(
+                (op, here[op.name], there[op.name], 2 * keys * a["n_kv_heads"] * a["head_dim"] * KV_BYTES)
+            )
     return out
 
 
-def handoff_tasks(handoffs: list[tuple[Op, str, str, int]], tasks: list[Task], platform: Platform) -> list[Task]:
+def handoff_tasks(
+    handoffs: list[tuple[Op, str, str, int]], tasks: list[Task], platform: Platform
+) -> list[Task]:
     """The KV-cache moves of :func:`kv_handoffs` as explicit transfers after the attention op that wrote them."""
     index = {t.name: i for i, t in enumerate(tasks)}
     out = []
@@ -455,7 +459,10 @@ def _run_mixed(model, strategy, prompt_ids, decode_tokens, plat: Platform, npu_d
                     copies[(t, dev)] = time.perf_counter() - t0
                     where[t] = dev
             if dev == "npu":
-                timed[op.name] = (npu._kernel_for(op)(npu, op, env, step), f"emulated (AIE cost model, {npu.array.key})")
+                timed[op.name] = (
+                    npu._kernel_for(op)(npu, op, env, step),
+                    f"emulated (AIE cost model, {npu.array.key})",
+                )
             elif dev == "cpu":
                 t0 = time.perf_counter()
                 _host_kernel(npu, op, env, step)
@@ -484,7 +491,13 @@ def _run_mixed(model, strategy, prompt_ids, decode_tokens, plat: Platform, npu_d
         nxt = int(np.argmax(env[graph.outputs[0]][-1]))
         out_ids.append(nxt)
         tokens = [nxt]
-    return {"strategy": strategy, "platform": plat.name, "input_ids": ids, "output_ids": out_ids, "steps": phases}
+    return {
+        "strategy": strategy,
+        "platform": plat.name,
+        "input_ids": ids,
+        "output_ids": out_ids,
+        "steps": phases,
+    }
 
 
 class _OpTimes:

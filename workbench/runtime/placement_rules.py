@@ -122,11 +122,17 @@ def assign_rules(graph: Graph, strategy: str, phase: str, npu_kinds: tuple[str, 
         if r.selector == "op" and r.arg not in names:
             raise ValueError(f"placement rule op:{r.arg}: no op of that name (e.g. blk.0.ffn_down, lm_head)")
         if r.selector == "kind" and r.arg not in kinds:
-            raise ValueError(f"placement rule kind:{r.arg}: the graph has no such kind ({', '.join(sorted(kinds))})")
+            raise ValueError(
+                f"placement rule kind:{r.arg}: the graph has no such kind ({', '.join(sorted(kinds))})"
+            )
         if r.explicit and r.device == "npu" and r.selector == "kind" and r.arg not in npu_kinds:
-            raise ValueError(f"placement rule kind:{r.arg}=npu: the NPU schedules cover {', '.join(npu_kinds)}")
+            raise ValueError(
+                f"placement rule kind:{r.arg}=npu: the NPU schedules cover {', '.join(npu_kinds)}"
+            )
         if r.selector == "layers" and r.last >= graph.config.n_layers:
-            raise ValueError(f"placement rule layers:{r.first}-{r.last}: the model has {graph.config.n_layers} layers")
+            raise ValueError(
+                f"placement rule layers:{r.first}-{r.last}: the model has {graph.config.n_layers} layers"
+            )
     out = {}
     for op in graph.ops:
         dev = DEFAULT_DEVICE
@@ -135,7 +141,9 @@ def assign_rules(graph: Graph, strategy: str, phase: str, npu_kinds: tuple[str, 
                 continue
             if r.device == "npu" and op.kind not in npu_kinds:
                 if r.explicit:
-                    raise ValueError(f"placement rule op:{op.name}=npu: its kind {op.kind!r} has no NPU schedule")
+                    raise ValueError(
+                        f"placement rule op:{op.name}=npu: its kind {op.kind!r} has no NPU schedule"
+                    )
                 continue
             dev = r.device
         out[op.name] = dev

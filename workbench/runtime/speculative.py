@@ -123,7 +123,9 @@ def make_drafter(spec: str, model: Model, backend: str = "numpy", **backend_opti
 
         if not arg:
             raise ValueError(f"draft spec {spec!r}: expected quant:SPEC (e.g. quant:int4-g32)")
-        return ModelDrafter(requantize(model, arg, progress=False), f"quant:{arg}", backend, **backend_options)
+        return ModelDrafter(
+            requantize(model, arg, progress=False), f"quant:{arg}", backend, **backend_options
+        )
     raise ValueError(f"unknown draft source {spec!r} (ngram[:MIN-MAX], layers:N, quant:SPEC)")
 
 

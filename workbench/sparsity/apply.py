@@ -14,7 +14,9 @@ from .nm import prune_weights
 from .spec import parse_sparsity
 
 
-def build_variant(model: Model, quant: str = "native", sparsity: str = "none", progress: bool = True) -> VariantModel:
+def build_variant(
+    model: Model, quant: str = "native", sparsity: str = "none", progress: bool = True
+) -> VariantModel:
     """N:M pruning first (from the best source), then re-quantization, then the graph rewrites."""
     n_layers = model.config.n_layers
     qspec = parse_spec(quant, n_layers)

@@ -62,7 +62,11 @@ def _cost(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     t = graph.n_tokens
     gate, up, down = (graph.weights[w] for w in op.weights)
     hidden, ffn = gate.shape[1], gate.shape[0]
-    kept = kept_count(ffn, op.attrs["target"]) if op.attrs["method"] == "topk" else (1 - op.attrs["target"]) * ffn
+    kept = (
+        kept_count(ffn, op.attrs["target"])
+        if op.attrs["method"] == "topk"
+        else (1 - op.attrs["target"]) * ffn
+    )
     frac = kept / ffn
     flops = 2.0 * t * hidden * ffn + frac * 2.0 * t * (2 * hidden * ffn) + 10.0 * t * ffn
     read = gate.nbytes + frac * (up.nbytes + down.nbytes) + 4 * t * hidden

@@ -14,7 +14,9 @@ def prune_nm(w: np.ndarray, n: int, m: int, what: str = "tensor") -> np.ndarray:
     """``w`` (rows, cols) with all but the ``n`` largest magnitudes of each ``m`` inputs set to zero."""
     rows, cols = w.shape
     if cols % m:
-        raise FormatError(f"{what}: N:M {n}:{m} does not divide the input dimension {cols} (not a multiple of {m})")
+        raise FormatError(
+            f"{what}: N:M {n}:{m} does not divide the input dimension {cols} (not a multiple of {m})"
+        )
     g = w.reshape(rows, cols // m, m)
     drop = np.argsort(np.abs(g), axis=2, kind="stable")[:, :, : m - n]
     out = g.copy()
@@ -37,4 +39,3 @@ def prune_weights(weights: Weights, spec: NMSparsity, n_layers: int) -> tuple[We
             tensors[name] = make_planar(name, prune_nm(w, spec.n, spec.m, name), PlanarFormat("fp32"), note)
             count += 1
     return Weights(tensors, weights.source), count
-

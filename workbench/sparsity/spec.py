@@ -68,13 +68,17 @@ def parse_sparsity(text: str | None, n_layers: int | None = None) -> SparsitySpe
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SpecError(f"sparsity item {item!r} is not NAME=VALUE (e.g. ffn-topk=0.9, nm=2:4, attn-window=128)")
+            raise SpecError(
+                f"sparsity item {item!r} is not NAME=VALUE (e.g. ffn-topk=0.9, nm=2:4, attn-window=128)"
+            )
         value, _, layer_text = value.partition("@")
         key = key.strip()
         if key.startswith("ffn-"):
             method = key[4:]
             if method not in FFN_METHODS:
-                raise SpecError(f"sparsity item {item!r}: unknown FFN method {method!r} (use ffn-topk or ffn-stat)")
+                raise SpecError(
+                    f"sparsity item {item!r}: unknown FFN method {method!r} (use ffn-topk or ffn-stat)"
+                )
             try:
                 target = float(value)
             except ValueError:
@@ -92,14 +96,18 @@ def parse_sparsity(text: str | None, n_layers: int | None = None) -> SparsitySpe
             elif first:
                 kinds = GROUPS.get(first, (first,))
                 if any(k not in LAYER_KINDS for k in kinds):
-                    raise SpecError(f"sparsity item {item!r}: unknown weights {first!r} (attn, ffn or a layer weight)")
+                    raise SpecError(
+                        f"sparsity item {item!r}: unknown weights {first!r} (attn, ffn or a layer weight)"
+                    )
                 layers = _parse_layers(rest, n_layers, item) if rest else None
             nm = NMSparsity(int(m.group(1)), int(m.group(2)), tuple(kinds), layers)
         elif key == "attn-window":
             try:
                 window = int(value)
             except ValueError:
-                raise SpecError(f"sparsity item {item!r}: the window must be a whole number of tokens") from None
+                raise SpecError(
+                    f"sparsity item {item!r}: the window must be a whole number of tokens"
+                ) from None
             if window < 1:
                 raise SpecError(f"sparsity item {item!r}: the window must be >= 1 token")
         else:

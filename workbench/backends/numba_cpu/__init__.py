@@ -75,7 +75,13 @@ class CpuBackend(Backend):
 
     name = "cpu"
     tunable_names = (
-        "act_quant", "fused", "gemv_max_rows", "dense_cache_mib", "rows_per_task", "batch_rows", "batch_min_rows"
+        "act_quant",
+        "fused",
+        "gemv_max_rows",
+        "dense_cache_mib",
+        "rows_per_task",
+        "batch_rows",
+        "batch_min_rows",
     )
 
     def __init__(

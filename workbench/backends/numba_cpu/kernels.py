@@ -129,7 +129,6 @@ def softcap(x, cap, out):  # pragma: no cover - compiled
             out[t, i] = tanh_approx(x[t, i] * inv) * np.float32(cap)
 
 
-
 @njit(cache=True, fastmath=True)
 def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
     """Decode attention of one query row over the first ``n_slots`` cache slots, in place.

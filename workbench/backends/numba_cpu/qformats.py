@@ -45,7 +45,9 @@ def bf16_to_float(typingctx, bits):
     """bfloat16 bits (uint16) -> float32."""
 
     def codegen(context, b, signature, args):
-        wide = b.shl(b.zext(b.trunc(args[0], ir.IntType(16)), ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        wide = b.shl(
+            b.zext(b.trunc(args[0], ir.IntType(16)), ir.IntType(32)), ir.Constant(ir.IntType(32), 16)
+        )
         return b.bitcast(wide, ir.FloatType())
 
     return types.float32(bits), codegen
@@ -208,7 +210,9 @@ class PlanarWeight:
             else:
                 xg = np.empty((x.shape[0], self.cols // f.group), np.int32)
                 group_sums(xq, f.group, xg)
-                matvec_int4(self.q, self.scale, self.zero, not f.symmetric, xq, xg, xs, f.group, True, out, rpt)
+                matvec_int4(
+                    self.q, self.scale, self.zero, not f.symmetric, xq, xg, xs, f.group, True, out, rpt
+                )
             return out
         if f.kind == "int8":
             matvec_int8(self.q, self.scale, x, out, rpt)

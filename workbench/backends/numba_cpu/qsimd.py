@@ -73,7 +73,9 @@ def make_dot_int4(group: int, asym: bool, int8_act: bool):
             lanes = 16 if int8_act else 32
             xp = _as_ptr(b, x_a, vt(I8, 32) if int8_act else vt(F32, 32))
             xgp = _as_ptr(b, xg_a, I32 if int8_act else F32)
-            accv = [cgutils.alloca_once_value(b, ir.Constant(vt(F32, lanes), [0.0] * lanes)) for _ in range(2)]
+            accv = [
+                cgutils.alloca_once_value(b, ir.Constant(vt(F32, lanes), [0.0] * lanes)) for _ in range(2)
+            ]
             accs = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
 
             def body(g, slot):
@@ -90,7 +92,10 @@ def make_dot_int4(group: int, asym: bool, int8_act: bool):
                     else:
                         prod = b.fmul(b.uitofp(codes, vt(F32, 32)), xv, flags=FAST)
                         acc = accv[slot]
-                        b.store(b.fadd(b.load(acc), b.fmul(prod, _splat(b, scale, 32), flags=FAST), flags=FAST), acc)
+                        b.store(
+                            b.fadd(b.load(acc), b.fmul(prod, _splat(b, scale, 32), flags=FAST), flags=FAST),
+                            acc,
+                        )
                 if int8_act:
                     acc = accv[slot]
                     scaled = b.fmul(b.sitofp(isum, vt(F32, 16)), _splat(b, scale, 16), flags=FAST)

@@ -344,7 +344,9 @@ def make_dot_i16(qtype: GGMLType):
                     bits = ir.Constant(vt(I16, SCALE_GROUP), [0] * SCALE_GROUP)
                     for j in range(SCALE_GROUP):
                         _prefetch(b, gbase, PREFETCH_AHEAD + j * code.unit_bytes)
-                        bits = b.insert_element(bits, _load(b, gbase, j * code.unit_bytes, I16), ir.Constant(I32, j))
+                        bits = b.insert_element(
+                            bits, _load(b, gbase, j * code.unit_bytes, I16), ir.Constant(I32, j)
+                        )
                     dw = b.fpext(b.bitcast(bits, vt(HALF, SCALE_GROUP)), vt(F32, SCALE_GROUP))
                     xdv = b.load(_as_ptr(b, b.ptrtoint(b.gep(xdp, [u0]), I64), vt(F32, SCALE_GROUP)), align=4)
                     scales = b.fmul(dw, xdv, flags=FAST)

@@ -112,7 +112,9 @@ def _rows_of(w: CpuWeight | PlanarWeight, idx: np.ndarray):
     """The weight restricted to rows ``idx`` (a gathered copy, multiplied by the same kernels)."""
     if isinstance(w, PlanarWeight):
         t = w.tensor
-        sub = PlanarTensor(t.name + "[kept]", t.type, (len(idx), t.cols), {k: v[idx] for k, v in t.planes.items()})
+        sub = PlanarTensor(
+            t.name + "[kept]", t.type, (len(idx), t.cols), {k: v[idx] for k, v in t.planes.items()}
+        )
         return PlanarWeight(sub)
     from . import CpuWeight
 
@@ -128,7 +130,9 @@ def _down_t(b: CpuBackend, name: str) -> np.ndarray:
 
 
 @njit(parallel=True, cache=True)
-def sparse_ffn_token(fg, wg, ug, fu, wu, uu, xq, xd, xs, x, levels, stat, z, k, wt, gbuf, out):  # pragma: no cover
+def sparse_ffn_token(
+    fg, wg, ug, fu, wu, uu, xq, xd, xs, x, levels, stat, z, k, wt, gbuf, out
+):  # pragma: no cover
     """One decode token's sparse FFN on GGUF-block gate/up weights, in one call: the gate in full (tasks of
     16 rows), GELU, the kept set, the kept up rows, and ``out[c] = sum_j f_j * wt[idx_j, c]``."""
     n = wg.shape[0]
@@ -142,7 +146,11 @@ def sparse_ffn_token(fg, wg, ug, fu, wu, uu, xq, xd, xs, x, levels, stat, z, k, 
     a = np.empty(n, np.float32)
     for i in range(n):
         v = g[i]
-        a[i] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(GELU_C * (v + np.float32(0.044715) * (v * v * v))))
+        a[i] = (
+            np.float32(0.5)
+            * v
+            * (np.float32(1.0) + np.tanh(GELU_C * (v + np.float32(0.044715) * (v * v * v))))
+        )
     idx = select_kept(g, a, stat, z, k)
     m = idx.shape[0]
     u = np.empty((1, m), np.float32)
@@ -168,7 +176,9 @@ def sparse_ffn_token(fg, wg, ug, fu, wu, uu, xq, xd, xs, x, levels, stat, z, k, 
         out[c0:c1] = acc
 
 
-def _fused_token(b: CpuBackend, gw, uw, x: np.ndarray, stat: bool, z: float, k: int, wt: np.ndarray, out) -> None:
+def _fused_token(
+    b: CpuBackend, gw, uw, x: np.ndarray, stat: bool, z: float, k: int, wt: np.ndarray, out
+) -> None:
     from . import ACT_QUANT
 
     levels = ACT_QUANT[b.act_quant]
