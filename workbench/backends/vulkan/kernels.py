@@ -106,7 +106,7 @@ KERNELS: dict[str, KernelSpec] = {
             "cnt_off",
             "t0",
         ),
-        (("wg", 0),),
+        (("wg", 0), ("tile", 4)),
     ),
     "attn_combine": KernelSpec(
         "attn_combine",
