@@ -13,6 +13,12 @@
 #define QUANT_HELPERS
 uint byte_of(uvec2 w, uint i) { return (w[i >> 2] >> ((i & 3u) * 8u)) & 0xFFu; }
 float half_at(uint word, uint which) { return unpackHalf2x16(word)[which]; }
+// 8 signed bytes (two words) times a scale
+void i8x8(uint w0, uint w1, float d, out vec4 lo, out vec4 hi) {
+    int a = int(w0), b = int(w1);
+    lo = d * vec4(bitfieldExtract(a, 0, 8), bitfieldExtract(a, 8, 8), bitfieldExtract(a, 16, 8), bitfieldExtract(a, 24, 8));
+    hi = d * vec4(bitfieldExtract(b, 0, 8), bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8), bitfieldExtract(b, 24, 8));
+}
 #endif
 
 void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
@@ -33,10 +39,7 @@ void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
 #elif defined(FMT_Q8_0)
     uint b = pl.x + e / 4u;
     uint blk = e / 32u;
-    float d = half_at(WBUF[pl.y + blk / 2u], blk & 1u);
-    int w0 = int(WBUF[b]), w1 = int(WBUF[b + 1]);
-    lo = d * vec4(bitfieldExtract(w0, 0, 8), bitfieldExtract(w0, 8, 8), bitfieldExtract(w0, 16, 8), bitfieldExtract(w0, 24, 8));
-    hi = d * vec4(bitfieldExtract(w1, 0, 8), bitfieldExtract(w1, 8, 8), bitfieldExtract(w1, 16, 8), bitfieldExtract(w1, 24, 8));
+    i8x8(WBUF[b], WBUF[b + 1], half_at(WBUF[pl.y + blk / 2u], blk & 1u), lo, hi);
 #elif defined(FMT_Q5_0)
     uint blk = e / 32u, o = e % 32u;
     uint qb = pl.x + (blk * 16u + (o & 15u)) / 4u;
@@ -91,10 +94,7 @@ void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
     hi = d * vec4(v[4], v[5], v[6], v[7]);
 #elif defined(FMT_I8)
     uint b = pl.x + e / 4u;
-    float d = uintBitsToFloat(WBUF[pl.y + row]);
-    int w0 = int(WBUF[b]), w1 = int(WBUF[b + 1]);
-    lo = d * vec4(bitfieldExtract(w0, 0, 8), bitfieldExtract(w0, 8, 8), bitfieldExtract(w0, 16, 8), bitfieldExtract(w0, 24, 8));
-    hi = d * vec4(bitfieldExtract(w1, 0, 8), bitfieldExtract(w1, 8, 8), bitfieldExtract(w1, 16, 8), bitfieldExtract(w1, 24, 8));
+    i8x8(WBUF[b], WBUF[b + 1], uintBitsToFloat(WBUF[pl.y + row]), lo, hi);
 #elif defined(FMT_I4)
     const uint HALF = I4_GROUP / 2u;
     uint col = 8u * c, g = col / I4_GROUP, o = col % I4_GROUP;

@@ -21,18 +21,13 @@ from ...ops.graph import Graph, Op
 from ...ops.reference import rope_inv_freq
 from ..base import Backend, DeviceInfo, OpObserver, Step
 from .device import VulkanDevice, list_devices
-from .kernels import PROGRAM_TUNABLES, Pipelines, Tuning
+from .kernels import TUNABLE_NAMES, Pipelines, Tuning
 from .kv_cache import KVPool, VulkanKVCache
 from .memory import Buffer, Transfers
 from .program import MAX_STEP_TOKENS, Builder
 from .recorded import Recorded
 from .weights import DeviceWeight, upload_weight
 
-KERNEL_TUNABLES = (
-    "matvec.wg", "matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch", "matmul.wg", "matmul.wg_m", "matmul.tm", "matmul.tn", "matmul_coop.wg",
-    "matmul_coop.wm", "matmul_coop.tm", "matmul_coop.tn", "attention.wg",
-    "attention.tile", "attn_combine.wg", "rmsnorm.wg", "eltwise.wg", "embed.wg", "kv_store.wg", "argmax.wg", *PROGRAM_TUNABLES,
-)  # fmt: skip
 MAX_PROGRAMS = 32  # recorded step programs kept (shapes x batch compositions)
 
 
@@ -51,7 +46,7 @@ class VulkanBackend(Backend):
     """Runs step graphs on a Vulkan device (``device_id``: index or name; validation: Khronos layer)."""
 
     name = "vulkan"
-    tunable_names = (*KERNEL_TUNABLES, "fused", "timestamps", "device")
+    tunable_names = (*TUNABLE_NAMES, "fused", "timestamps", "device")
 
     def __init__(self, model: Model, threads: int | None = None, tune: str | None = None,
                  device_id: str | int | None = None, validation: bool | None = None):  # fmt: skip
@@ -66,7 +61,7 @@ class VulkanBackend(Backend):
         self.kv_pool: KVPool | None = None
         try:
             self.tuning = Tuning(
-                self.dev.features, {k: v for k, v in self._tune.items() if k in KERNEL_TUNABLES}
+                self.dev.features, {k: v for k, v in self._tune.items() if k in TUNABLE_NAMES}
             )
             self.fused = self.tunable("fused", True)
             self.gemm_kernel, self.gemm_note = self._choose_gemm()
@@ -209,12 +204,14 @@ class VulkanBackend(Backend):
         if prog is not None:
             self.programs.move_to_end(key)
             return prog
-        dispatches, offsets, total = Builder(self, graph, seqs, greedy).build()
+        builder = Builder(self, graph, seqs, greedy)
+        dispatches, offsets, total = builder.build()
         logits = graph.outputs[0]
         region = None if greedy else (offsets[logits], int(np.prod(graph.tensors[logits].shape)))
         prog = Recorded(self.dev, self.pipes, dispatches, total, self.params, self.smalls, self.dummy, region,
                         self.timestamps)  # fmt: skip
-        self.transfers.upload(prog.arena, np.zeros(total, np.float32))  # atomic counters start at zero
+        for t in builder.pinned:  # atomic counters start at zero (their kernels reset them after use)
+            self.transfers.upload(prog.arena, np.zeros(builder.sizes[t], np.uint32), 4 * offsets[t])
         self.programs[key] = prog
         while len(self.programs) > MAX_PROGRAMS:
             _, old = self.programs.popitem(last=False)

@@ -168,6 +168,13 @@ SWITCHES = (
     "matvec.post_norm",
     "matvec.fp16",
 )
+ROW_THREAD_KEYS = ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch")
+# every kernel tunable: the specialization constants of KERNELS, the per-shape matvec row widths, PROGRAM_TUNABLES
+TUNABLE_NAMES = (
+    *(f"{k}.{name}" for k, spec in KERNELS.items() for name, _ in spec.tunables),
+    *ROW_THREAD_KEYS[1:],
+    *PROGRAM_TUNABLES,
+)
 
 
 class Tuning:
@@ -208,7 +215,7 @@ class Tuning:
                 self.values[key] = int(text)
             except ValueError:
                 raise ValueError(f"vulkan backend: tunable {key}={text!r} is not an integer") from None
-        for key in ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch"):
+        for key in ROW_THREAD_KEYS:
             if key not in (overrides or {}):  # defaults follow a smaller matvec.wg
                 self.values[key] = min(self.values[key], self.values["matvec.wg"])
         self.validate(feats)
@@ -234,7 +241,7 @@ class Tuning:
                 )
             if key.endswith(".wg") and val % sg:
                 errors.append(f"{key}={val} is not a multiple of the subgroup size {sg}")
-        for key in ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch"):
+        for key in ROW_THREAD_KEYS:
             rt = v[key]
             if rt & (rt - 1) or (rt > sg and rt % sg) or v["matvec.wg"] % rt:
                 errors.append(

@@ -241,15 +241,14 @@ class Builder:
         max_keys = min(window or layer.slots, layer.slots)
         sk = b.tuning["attention.split_keys"]
         n_split = -(-max_keys // sk) if t <= b.tuning["matvec.max_tokens"] else 1
+        suffix = tag.replace("#", ".")  # tensor names of this sequence's scratch
         part = (
-            self.tmp(f"{op.name}:partials{tag.replace('#', '.')}", 1, t * max(n_split, 1) * nh * (hd + 2))
+            self.tmp(f"{op.name}:partials{suffix}", 1, t * max(n_split, 1) * nh * (hd + 2))
             if n_split > 1
             else None
         )
         fused_combine = part is not None and b.tuning["attention.fused_combine"]
-        counters = (
-            self.tmp(f"{op.name}:counters{tag.replace('#', '.')}", 1, t * nkv) if fused_combine else None
-        )
+        counters = self.tmp(f"{op.name}:counters{suffix}", 1, t * nkv) if fused_combine else None
         if counters:
             self.pinned.add(counters)
         push = dict(q_off=Ref(q), q_stride=self.widths[q], o_off=Ref(out), o_stride=self.widths[out], n_heads=nh,
