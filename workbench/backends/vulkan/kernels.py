@@ -22,7 +22,6 @@ FORMAT_DEFINES: tuple[tuple[str, ...], ...] = (
     *(("FMT_I4", f"I4_GROUP={g}", *a) for g in (32, 64, 128) for a in ((), ("I4_ASYM",))),
 )
 PUSH_BYTES = 128
-PARAM_STRIDE_ID = 15
 
 
 @dataclass(frozen=True)

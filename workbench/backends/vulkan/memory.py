@@ -129,16 +129,5 @@ class Transfers:
             self.staging.array[: chunk.size] = chunk
             self._copy(self.staging, dst, 0, offset + start, chunk.size)
 
-    def download(self, src: Buffer, offset: int, nbytes: int) -> np.ndarray:
-        """``nbytes`` of ``src`` from byte ``offset`` as a new uint8 array."""
-        if src.host:
-            return src.array[offset : offset + nbytes].copy()
-        out = np.empty(nbytes, np.uint8)
-        for start in range(0, nbytes, STAGING_BYTES):
-            n = min(STAGING_BYTES, nbytes - start)
-            self._copy(src, self.staging, offset + start, 0, n)
-            out[start : start + n] = self.staging.array[:n]
-        return out
-
     def destroy(self) -> None:
         self.staging.destroy()

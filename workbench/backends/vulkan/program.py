@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
 from .kernels import KERNELS, coop_tile
@@ -443,7 +441,3 @@ def _aligned(n: int) -> int:
 
 def pack_push(d: Dispatch) -> bytes:
     return KERNELS[d.kernel].pack(d.push)
-
-
-def as_words(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.uint32)

@@ -80,7 +80,9 @@ class Recorded:
         cbs = vk.vkAllocateCommandBuffers(
             dev.device,
             vk.VkCommandBufferAllocateInfo(
-                commandPool=dev.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=2
+                commandPool=dev.command_pool,
+                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                commandBufferCount=2 if timestamps else 1,
             ),
         )
         self.cmd = cbs[0]
@@ -89,7 +91,6 @@ class Recorded:
         if timestamps:
             self.cmd_timed = cbs[1]
             self._record(self.cmd_timed, timed=True)
-        self._spare = cbs[1] if not timestamps else None
         self._words = params.view(np.uint32)
         self._submit = [self.cmd]
         self._submit_timed = [self.cmd_timed]
@@ -219,7 +220,7 @@ class Recorded:
         vk, d = self.dev.vk, self.dev.device
         if d is None:
             return
-        cbs = [c for c in (self.cmd, self.cmd_timed, self._spare) if c is not None]
+        cbs = [c for c in (self.cmd, self.cmd_timed) if c is not None]
         vk.vkFreeCommandBuffers(d, self.dev.command_pool, len(cbs), cbs)
         if self.query_pool is not None:
             vk.vkDestroyQueryPool(d, self.query_pool, None)
