@@ -20,17 +20,39 @@ MAC_TILES: dict[str, dict[str, tuple[int, int, int]]] = {
 }
 DTYPE_BYTES = {"bf16": 2, "i8": 1, "i16": 2, "i32": 4, "f32": 4}
 
-# Cost-model factors (the only tuned numbers; see workbench calibrate npu for how well they fit):
-# fraction of the MAC peak the matmul kernels sustain in their inner loop: DESIGN.md section 6 (whole-array
-# GEMM reaches at most ~75% of peak in i16, ~50% in bf16); i8 assumed like i16
-MAC_EFFICIENCY = {"i16": 0.75, "i8": 0.75, "bf16": 0.5}
-# cycles a core spends per kernel call outside the MAC loop (lock acquire/release, call, loop prologue)
+# Cost-model factors (see `workbench calibrate npu` for how well they fit the published figures):
+# fraction of the MAC tile rate the kernels' software-pipelined inner loops issue: i16 (and i8, assumed
+# alike) one VMAC per cycle (mm.cc's 2x2-expanded loop: four MACs per four cycles, its four 256-bit operand
+# loads take two on the two load units); bf16 set so that a 64x64x64 mm.cc call sustains ~50% of the MAC
+# peak, the most whole-array bf16 GEMM reaches (DESIGN.md section 6, mlir-aie issue #2735)
+MAC_EFFICIENCY = {"i16": 1.0, "i8": 1.0, "bf16": 0.75}
+# cycles per output block (2r x 2t accumulators) of mm.cc's 2x2-expanded matmul kernels outside the
+# k-loop: load, shift-round-saturate and store the four accumulators, loop prologue and epilogue. Set so a
+# 64x64x64 i16 call sustains 80% of the MAC peak, the most the kernels reach between their event0/event1
+# trace markers (mlir-aie issue #2735); small tiles pay it more often (32x32x32: 67%)
+BLOCK_CYCLES = 16
+# cycles a core spends per kernel call outside the kernel (lock acquire/release, call, loop bookkeeping)
 CALL_OVERHEAD_CYCLES = 200
-# the NPU's DDR interface serves one DMA burst (a contiguous run of an access pattern, at most
-# MAX_BURST_BYTES) at a time with this fixed cost on top of bytes / bandwidth. Fitted once so that the
-# single-core and 16-core 512^3 i16 GEMM figures both come out within 25% (workbench calibrate npu).
-BURST_S = 22e-9
+# MACs per cycle of a scalar (non-vectorized) kernel: the scalar unit has one 32-bit multiplier and two
+# load ports, so an unrolled, pipelined MAC loop with compile-time trip counts (mv.cc's matvec_scalar)
+# issues at most one MAC per cycle
+SCALAR_MACS_PER_CYCLE = 1.0
+# a shim DMA channel spends this many cycles per contiguous run of its access pattern (one AXI burst of
+# at most MAX_BURST_BYTES) on top of moving the run's bytes at dma_bytes_per_cycle: short runs (64 B rows
+# of 32 x 16-bit tiles) are issue-bound. Fitted once to the two single-core 32x32x32 i16 GEMM figures
+# (Phoenix 256^3 with buffers reused, Hawk Point 512^3: equal and opposite errors, workbench calibrate npu);
+# in cycles because the shim DMA runs at the array clock (Hawk Point, at 1.6x the clock, measured 1.45x
+# faster per tile)
+BURST_CYCLES = 28
 MAX_BURST_BYTES = 4096
+# Host side of a run that allocates fresh XRT buffers every time (as the mrtib figures' NpuKernel.run does;
+# mlir-aie's test harness and the workbench allocate once): per buffer object a fixed cost (create, map,
+# free: ioctls and pyxrt) plus a cost per byte: pinning pages ~99 ms/GB (amd/xdna-driver issue #1399), a
+# host copy in or out at ~10 GB/s (one-thread numpy copy into a fresh buffer, measured on the dev machine:
+# 7-10 GB/s) and the cache sync at ~85 GB/s (amd/xdna-driver PR #270). BO_FIXED_S is the remainder of the
+# published 0.82 -> 1.10 ms step between the same 256^3 design run with reused and with per-run buffers.
+BO_BYTE_S = 0.099e-9 + 1 / 10e9 + 1 / 85e9
+BO_FIXED_S = 56e-6
 # fp32 lanes per cycle of the vector unit (512-bit datapath) for norms, softmax and exp
 VECTOR_LANES_F32 = 16
 # bytes a core keeps for its stack and kernel locals (not available to object FIFOs)

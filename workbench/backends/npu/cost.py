@@ -4,19 +4,35 @@ Per launch: the XRT launch cost, then the array time. With double-buffered FIFOs
 core streams, shim DMA and the DDR interface overlap, so the array time is the slowest of them plus the
 fill of the first tile; with single buffers compute and data movement add up.
 
-- compute: kernel calls per core x (MACs / sustained MAC rate + vector ops / vector lanes + call
-  overhead) / clock; the MAC rate is the MAC tile per cycle (GEMV and thin attention use one column of it)
-  times the kernel efficiency of its dtype (:data:`~workbench.backends.npu.arch.MAC_EFFICIENCY`)
+- compute: kernel calls per core x cycles per call / clock. A call costs its MACs / sustained MAC rate
+  (the MAC tile per cycle, one column of it for GEMV and thin attention, one MAC per cycle on the scalar
+  unit, times :data:`~workbench.backends.npu.arch.MAC_EFFICIENCY`), plus per output block of mm.cc's
+  2x2-expanded matmul (accumulator load/store, loop prologue), plus vector ops / vector lanes, plus the
+  call overhead
 - core streams: the busiest core input channel, 32 bit per cycle
-- shim: bytes per column over its DMA channels, 32 bit per cycle each
-- DDR interface: bytes / bandwidth plus a fixed cost per DMA burst (contiguous run of an access pattern)
+- shim DMA: per direction, each tensor's runs (a fixed number of cycles each) and bytes (32 bit per cycle)
+  on its channel of each of its columns; a direction's channels share the work of all its tensors
+- DDR interface: bytes / the NPU's DDR bandwidth
+
+:func:`host_buffer_seconds` is the host's cost of allocating fresh XRT buffers for one run, for figures
+measured that way (the workbench and mlir-aie's harness allocate once and do not pay it per launch).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .arch import BURST_S, CALL_OVERHEAD_CYCLES, MAC_EFFICIENCY, VECTOR_LANES_F32, AieArray
+from .arch import (
+    BLOCK_CYCLES,
+    BO_BYTE_S,
+    BO_FIXED_S,
+    BURST_CYCLES,
+    CALL_OVERHEAD_CYCLES,
+    MAC_EFFICIENCY,
+    SCALAR_MACS_PER_CYCLE,
+    VECTOR_LANES_F32,
+    AieArray,
+)
 from .schedule import Schedule
 
 
@@ -43,7 +59,10 @@ class Estimate:
 
 
 def mac_rate(array: AieArray, dtype: str, unit: str) -> float:
-    """MACs per cycle a core sustains for ``dtype`` on the matrix unit or as vector MACs (one MAC-tile column)."""
+    """MACs per cycle a core sustains for ``dtype`` on the matrix unit, as vector MACs (one MAC-tile
+    column) or on the scalar unit."""
+    if unit == "scalar":
+        return SCALAR_MACS_PER_CYCLE
     r, s, t = array.mac_tile(dtype)
     per_cycle = r * s * t if unit == "matrix" else r * s
     return per_cycle * MAC_EFFICIENCY[dtype]
@@ -55,7 +74,28 @@ def call_cycles(schedule: Schedule, array: AieArray) -> float:
         if schedule.macs_per_call
         else 0.0
     )
-    return macs + schedule.vector_ops_per_call / VECTOR_LANES_F32 + CALL_OVERHEAD_CYCLES
+    return (
+        macs
+        + schedule.blocks_per_call * BLOCK_CYCLES
+        + schedule.vector_ops_per_call / VECTOR_LANES_F32
+        + CALL_OVERHEAD_CYCLES
+    )
+
+
+def shim_cycles(schedule: Schedule, array: AieArray) -> float:
+    """Cycles of the busiest shim DMA channel: per direction, the larger of one tensor's work over its own
+    columns and the direction's work spread over all its channels."""
+    busiest = 0.0
+    for direction in ("in", "out"):
+        work = [
+            (t.bursts * BURST_CYCLES + t.nbytes / array.dma_bytes_per_cycle, t.columns)
+            for t in schedule.transfers
+            if t.direction == direction
+        ]
+        if work:
+            spread = sum(w for w, _ in work) / (schedule.columns * array.shim_channels)
+            busiest = max(busiest, spread, max(w / cols for w, cols in work))
+    return busiest
 
 
 def estimate(schedule: Schedule, array: AieArray, launches: int = 1) -> Estimate:
@@ -64,11 +104,8 @@ def estimate(schedule: Schedule, array: AieArray, launches: int = 1) -> Estimate
     compute = schedule.calls_per_core * call_cycles(schedule, array) / clock
     per_call = schedule.stream_bytes_per_call()
     stream = schedule.calls_per_core * per_call / array.dma_channel_bw
-    ins = sum(t.nbytes for t in schedule.transfers if t.direction == "in")
-    outs = sum(t.nbytes for t in schedule.transfers if t.direction == "out")
-    shim_bw = array.shim_channels * array.dma_channel_bw * schedule.columns
-    shim = max(ins, outs) / shim_bw
-    ddr = sum(t.nbytes / array.ddr_bw + t.bursts * BURST_S for t in schedule.transfers)
+    shim = shim_cycles(schedule, array) / clock
+    ddr = sum(t.nbytes for t in schedule.transfers) / array.ddr_bw
     fill = per_call / array.dma_channel_bw + call_cycles(schedule, array) / clock
     parts = {"compute": compute, "core streams": stream, "shim DMA": shim, "DDR interface": ddr}
     if schedule.min_depth() >= 2:
@@ -82,3 +119,10 @@ def estimate(schedule: Schedule, array: AieArray, launches: int = 1) -> Estimate
     if launch > launches * array_s:
         bound = "launch overhead"
     return Estimate(total, launch, launches * array_s, compute, stream, shim, ddr, bound, array.key)
+
+
+def host_buffer_seconds(schedule: Schedule) -> float:
+    """Host seconds of one run that allocates, fills, syncs, reads back and frees a fresh XRT buffer for
+    every tensor of ``schedule`` (``modeled``: fixed cost per buffer object plus a cost per byte)."""
+    buffers = schedule.host_buffers()
+    return len(buffers) * BO_FIXED_S + sum(nbytes for _, nbytes in buffers) * BO_BYTE_S

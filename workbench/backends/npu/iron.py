@@ -132,7 +132,7 @@ def design():
     m, k = {t["m"]}, {t["k"]}
     n_cols, n_rows = {s.columns}, {s.rows}
     depth = {fifo["W_L2L1"].depth}
-    w_dims = {list(fifo["W_L2L1"].dims)}  # 32-bit-word transpose that mv.cc expects
+    w_dims = {list(fifo["W_L2L1"].dims) or None}  # {"32-bit-word transpose that mv.cc expects" if fifo["W_L2L1"].dims else "matvec_scalar reads W row-major"}
     t_in, t_out = {NP_DTYPE[s.dtype_in]}, {NP_DTYPE[s.dtype_out]}
     n_cores = n_cols * n_rows
     blocks = N // (m * n_cores)

@@ -64,13 +64,15 @@ class Fifo:
 @dataclass(frozen=True)
 class DdrTransfer:
     """What the shim DMAs move between DDR and the array in one launch: ``nbytes`` in contiguous runs of
-    ``run_bytes`` (the innermost dimension of the runtime access pattern), spread over ``columns`` shims."""
+    ``run_bytes`` (the innermost dimension of the runtime access pattern), spread over ``columns`` shims;
+    the host tensor is streamed ``reads`` times (``nbytes / reads`` is its size in host memory)."""
 
     tensor: str
     direction: str  # in | out
     nbytes: int
     run_bytes: int
     columns: int = 1
+    reads: int = 1
 
     @property
     def bursts(self) -> int:
@@ -94,10 +96,11 @@ class Schedule:
     transfers: tuple[DdrTransfer, ...]
     calls_per_core: int
     macs_per_call: int
-    mac_unit: str  # "matrix" (MAC tiles) or "vector" (one column of a MAC tile: GEMV, attention rows < r)
+    mac_unit: str  # "matrix" (MAC tiles), "vector" (a MAC tile column: GEMV, attention rows < r), "scalar"
     vector_ops_per_call: int
     kernels: tuple[str, ...]
     scratch_bytes: int = 0
+    blocks_per_call: int = 0  # output blocks of mm.cc's 2x2-expanded kernel per call (gemm)
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -122,6 +125,10 @@ class Schedule:
     def stream_bytes_per_call(self) -> int:
         """Bytes the busiest core input channel carries per kernel call."""
         return max((f.nbytes for f in self.fifos if f.dst == "core" and f.per_call), default=0)
+
+    def host_buffers(self) -> list[tuple[str, int]]:
+        """(direction, bytes) of each host tensor a launch reads or writes."""
+        return [(t.direction, t.nbytes // t.reads) for t in self.transfers]
 
     def min_depth(self) -> int:
         return min((f.depth for f in self.fifos if f.per_call), default=2)
@@ -224,18 +231,20 @@ def gemm_schedule(
     )
     a_reads, b_reads = np_ // (n * columns), mp // (m * rows)
     transfers = (
-        DdrTransfer("A", "in", mp * K * bi * a_reads, k * bi, min(columns, rows)),
+        DdrTransfer("A", "in", mp * K * bi * a_reads, k * bi, min(columns, rows), a_reads),
         DdrTransfer(
-            "B", "in", np_ * K * bi * b_reads, (k * n if pretiled_b else k if b_col_maj else n) * bi, columns
+            "B", "in", np_ * K * bi * b_reads, (k * n if pretiled_b else k if b_col_maj else n) * bi, columns,
+            b_reads,
         ),
         DdrTransfer("C", "out", mp * np_ * bo, n * bo, columns),
-    )
+    )  # fmt: skip
     tiles = (mp // m) * (np_ // n) // (columns * rows)
     return Schedule(
         "gemm", array.key, dtype, out, {"M": M, "K": K, "N": N},
         {"m": m, "k": k, "n": n, "r": r, "s": s, "t": t, "M_pad": mp, "N_pad": np_},
         columns, rows, fifos, transfers, tiles * (K // k), m * k * n, "matrix", 0,
         (f"matmul_{dtype}_{out}" + ("_b_col_maj" if b_col_maj else ""), f"zero_{out}", f"mm_{m}x{k}x{n}.o"),
+        blocks_per_call=-(-m // (2 * r)) * -(-n // (2 * t)),
         notes={"b_col_maj": b_col_maj, "pretiled_b": pretiled_b, "tiles_per_core": tiles},
     )  # fmt: skip
 
@@ -270,16 +279,17 @@ def gemv_schedule(
     rows: int,
     depth: int = 2,
     pretiled: bool = False,
+    vectorized: bool = True,
 ) -> Schedule:
     """y (N) = W (N x K) @ x (K): each core owns blocks of m output rows, streams W tiles m x k (rows of W
     contiguous when k == K) and the broadcast vector x in pieces of k; fp32 (or int32) accumulation.
     The kernel is mlir-aie's ``matvec_vectorized`` (mv.cc: bf16 or i16 inputs, m a multiple of 16, k of
     8), which reads W tiles transposed at 32-bit granularity: the DMA pattern of ``W_L2L1`` does that.
-    ``pretiled``: W was repacked at load time in tile order (each m x k tile one contiguous run)."""
+    ``pretiled``: W was repacked at load time in tile order (each m x k tile one contiguous run).
+    ``vectorized=False``: mv.cc's ``matvec_scalar`` on the scalar unit, W tiles row-major (what mlir-aie's
+    matrix_vector example ran while its vectorized kernel was marked erroneous)."""
     if dtype not in ("bf16", "i16"):
-        raise ScheduleError(
-            f"gemv: mv.cc's vectorized kernel takes bf16 or i16, not {dtype} (use a gemm schedule)"
-        )
+        raise ScheduleError(f"gemv: mv.cc's kernels take bf16 or i16, not {dtype} (use a gemm schedule)")
     if K % k or m % 16 or k % 8:
         raise ScheduleError(f"gemv: need K % k == 0, m % 16 == 0, k % 8 == 0 (K={K}, m={m}, k={k})")
     out = OUT_DTYPE[dtype]
@@ -287,9 +297,10 @@ def gemv_schedule(
     np_ = ceil_to(N, m * cores)
     bi, bo = DTYPE_BYTES[dtype], DTYPE_BYTES[out]
     blocks = np_ // (m * cores)
+    w_dims = ((k // 2, 2), (m, k), (2, 1)) if vectorized else ()
     fifos = (
         Fifo("W_L3L2", "shim", "memtile", (m * rows, k), dtype, depth),
-        Fifo("W_L2L1", "memtile", "core", (m, k), dtype, depth, ((k // 2, 2), (m, k), (2, 1))),
+        Fifo("W_L2L1", "memtile", "core", (m, k), dtype, depth, w_dims),
         Fifo("x_L3L2", "shim", "memtile", (k,), dtype, depth),
         Fifo("x_L2L1", "memtile", "core", (k,), dtype, depth, fanout=rows),
         Fifo("y_L1L2", "core", "memtile", (m,), out, depth),
@@ -297,13 +308,14 @@ def gemv_schedule(
     )
     transfers = (
         DdrTransfer("W", "in", np_ * K * bi, (m * k if pretiled or k == K else k) * bi, columns),
-        DdrTransfer("x", "in", columns * blocks * K * bi, k * bi, columns),
+        DdrTransfer("x", "in", columns * blocks * K * bi, k * bi, columns, columns * blocks),
         DdrTransfer("y", "out", np_ * bo, m * rows * bo, columns),
     )
+    kind = "vectorized" if vectorized else "scalar"
     return Schedule(
         "gemv", array.key, dtype, out, {"N": N, "K": K}, {"m": m, "k": k, "N_pad": np_},
-        columns, rows, fifos, transfers, blocks * (K // k), m * k, "vector", 0,
-        (f"matvec_vectorized_{dtype}_{out}", f"zero_vectorized_{out}", f"mv_{m}x{k}.o"),
+        columns, rows, fifos, transfers, blocks * (K // k), m * k, "vector" if vectorized else "scalar", 0,
+        (f"matvec_{kind}_{dtype}_{out}", f"zero_{kind}_{out}", f"mv_{m}x{k}.o"),
         notes={"blocks_per_core": blocks, "pretiled": pretiled},
     )  # fmt: skip
 
@@ -346,7 +358,7 @@ def rowwise_schedule(
     ]
     if with_weight:
         fifos.append(Fifo("w_L3L1", "shim", "core", (L,), dtype, 1, fanout=array.rows, per_call=False))
-        transfers.append(DdrTransfer("w", "in", columns * L * b, L * b, columns))
+        transfers.append(DdrTransfer("w", "in", columns * L * b, L * b, columns, columns))
     ops_per_elem = {"rmsnorm": 5, "softmax": 8}[op]
     kernel = {
         "rmsnorm": ("rms_norm_eps", "eltwise_mul_bf16_vector", "rms_norm.o", "mul.o"),
@@ -408,8 +420,8 @@ def attention_schedule(
     kv_bytes = S * head_dim * b * n_kv_heads * q_tiles
     transfers = (
         DdrTransfer("q", "in", T * n_heads * head_dim * b, head_dim * b, columns),
-        DdrTransfer("K", "in", kv_bytes, head_dim * b, columns),
-        DdrTransfer("V", "in", kv_bytes, head_dim * b, columns),
+        DdrTransfer("K", "in", kv_bytes, head_dim * b, columns, q_tiles),
+        DdrTransfer("V", "in", kv_bytes, head_dim * b, columns, q_tiles),
         DdrTransfer("out", "out", T * n_heads * (head_dim + 2) * 4 * splits, head_dim * 4, columns),
     )
     unit = "matrix" if qrows >= array.mac_tile(dtype)[0] else "vector"
