@@ -322,7 +322,7 @@ def gemv_schedule(
 
 @lru_cache(maxsize=4096)
 def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
-    ks = [K // d for d in (1, 2, 4, 8, 16) if K % d == 0 and (K // d) % 32 == 0] or [K]
+    ks = [K // d for d in (1, 2, 4, 8, 16, 32, 64) if K % d == 0 and (K // d) % 32 == 0] or [K]
     cands = [
         gemv_schedule(array, N, K, dtype, m, k, cols, array.rows, pretiled=True)
         for m in (64, 32, 16)  # mv.cc's vectorized kernel takes rows in groups of r = 16
