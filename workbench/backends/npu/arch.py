@@ -41,16 +41,17 @@ SCALAR_MACS_PER_CYCLE = 1.0
 # at most MAX_BURST_BYTES) on top of moving the run's bytes at dma_bytes_per_cycle: short runs (64 B rows
 # of 32 x 16-bit tiles) are issue-bound. Fitted once to the two single-core 32x32x32 i16 GEMM figures
 # (Phoenix 256^3 with buffers reused, Hawk Point 512^3: equal and opposite errors, workbench calibrate npu);
-# in cycles because the shim DMA runs at the array clock (Hawk Point, at 1.6x the clock, measured 1.45x
+# in cycles because the shim DMA runs at the array clock (Hawk Point, at 1.6x the clock, measured ~1.4x
 # faster per tile)
 BURST_CYCLES = 28
 MAX_BURST_BYTES = 4096
 # Host side of a run that allocates fresh XRT buffers every time (as the mrtib figures' NpuKernel.run does;
-# mlir-aie's test harness and the workbench allocate once): per buffer object a fixed cost (create, map,
-# free: ioctls and pyxrt) plus a cost per byte: pinning pages ~99 ms/GB (amd/xdna-driver issue #1399), a
-# host copy in or out at ~10 GB/s (one-thread numpy copy into a fresh buffer, measured on the dev machine:
-# 7-10 GB/s) and the cache sync at ~85 GB/s (amd/xdna-driver PR #270). BO_FIXED_S is the remainder of the
-# published 0.82 -> 1.10 ms step between the same 256^3 design run with reused and with per-run buffers.
+# the emulator's op times, like mlir-aie's test harness, have buffers in place): per buffer object a fixed
+# cost (create, map, free: ioctls and pyxrt) plus a cost per byte: pinning pages ~99 ms/GB
+# (amd/xdna-driver issue #1399), a host copy in or out at ~10 GB/s (one-thread numpy copy into a fresh
+# buffer, measured on the dev machine: 7-10 GB/s) and the cache sync at ~85 GB/s (amd/xdna-driver PR
+# #270). BO_FIXED_S is the remainder of the published 0.82 -> 1.10 ms step between the same 256^3 design
+# run with reused and with per-run buffers (3 buffers, 512 KiB).
 BO_BYTE_S = 0.099e-9 + 1 / 10e9 + 1 / 85e9
 BO_FIXED_S = 56e-6
 # fp32 lanes per cycle of the vector unit (512-bit datapath) for norms, softmax and exp

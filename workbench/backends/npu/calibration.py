@@ -125,11 +125,11 @@ CHECKS: tuple[Figure, ...] = (
         "16-core (4x4) 512^3 i16->i32 GEMM (gemm-512-4col), fresh buffers", "npu1", 264.7, "GOPS",
         SRC_MRTIB + "; " + SRC_TOOLKIT + " gemm-multi-benchmark.md; DESIGN.md section 6", _whole_array,
         2 * 512**3, fresh_buffers=True,
-        notes="1.01 ms per run, " + FRESH_BUFFERS + " (2 MiB of buffers: about half the time is host-side)",
+        notes="1.01 ms per run, " + FRESH_BUFFERS + " (2 MiB of buffers: the modeled host side is ~60% of the time)",
     ),
     Figure(
         "single-core 288x288 i16 GEMV (gemv-288), scalar kernel, fresh buffers", "npu1", 376.0, "us",
-        SRC_TOOLKIT + " gemm-multi-benchmark.md (0.376 ms per run; " + SRC_MRTIB + " rounds it to 0.4 GOPS)",
+        SRC_TOOLKIT + " gemm-multi-benchmark.md: 0.376 ms per run (mrtib/phoenix-npu1-iron-kernels: 0.4 GOPS)",
         _matrix_vector, fresh_buffers=True,
         notes=FRESH_BUFFERS + "; mlir-aie's matrix_vector ran matvec_scalar then (its vectorized kernel was "
         "marked erroneous); launch, host buffers and 64 B DMA runs dominate, not the 83k MACs",

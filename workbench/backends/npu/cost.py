@@ -15,7 +15,7 @@ fill of the first tile; with single buffers compute and data movement add up.
 - DDR interface: bytes / the NPU's DDR bandwidth
 
 :func:`host_buffer_seconds` is the host's cost of allocating fresh XRT buffers for one run, for figures
-measured that way (the workbench and mlir-aie's harness allocate once and do not pay it per launch).
+measured that way (the emulator's op times, like mlir-aie's test harness, have their buffers in place).
 """
 
 from __future__ import annotations
