@@ -7,7 +7,8 @@
 // last workgroup of a query to finish (an atomic counter per (token, KV head) in the arena, reset by it) merges.
 // Per tile: each subgroup scores keys (its lanes read one key row together, coalesced; dot by subgroupAdd),
 // one subgroup per head updates the running max/sum, then every thread accumulates its output dims.
-// Cache slots: position p lives in slot p (global layers) or p % ring (sliding layers).
+// Cache slots: position p lives in slot p (global layers) or p % ring (sliding layers) of the cache of the
+// query's sequence (p_seq: a dispatch may serve several sequences of equal cache shape, one per grid z row).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -32,7 +33,7 @@ layout(push_constant) uniform PC {
     uint n_split, split_keys;
     float scale;
     uint cnt_off;
-    uint t0;  // first token row of this dispatch's sequence; t below is the row within the sequence
+    uint t0;  // first token row of this dispatch's sequences; t below is the row within the dispatch
 } pc;
 
 shared float sc[G * SK];      // scores, then probabilities, of the tile
@@ -43,7 +44,7 @@ shared bool last_split;
 void main() {
     uint tid = gl_LocalInvocationID.x, lane = gl_SubgroupInvocationID, warp = gl_SubgroupID;
     uint s = gl_WorkGroupID.x, kvh = gl_WorkGroupID.y, t = gl_WorkGroupID.z, tg = t + pc.t0;
-    uint p = p_pos(tg);
+    uint p = p_pos(tg), cs = p_seq(tg);  // position, and which of binding 4's caches
     uint lo = (pc.window > 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint begin = lo + s * pc.split_keys;
     uint end = min(p + 1u, begin + pc.split_keys);
@@ -77,7 +78,7 @@ void main() {
             [[unroll]] for (uint g = 0u; g < G; ++g) part[g] = 0.0;
             [[unroll]] for (uint i = 0u; i < QV; ++i) {
                 uint c = i * SG + lane;
-                vec4 kv_ = c < HD / 4u ? kv4[kb + c] : vec4(0.0);
+                vec4 kv_ = c < HD / 4u ? caches4[cs].v[kb + c] : vec4(0.0);
                 [[unroll]] for (uint g = 0u; g < G; ++g) part[g] += dot(kv_, q[g][i]);
             }
             [[unroll]] for (uint g = 0u; g < G; ++g) {
@@ -113,7 +114,7 @@ void main() {
             uint vb = pc.v_off + slots[j] * pc.kv_dim + kvh * HD;
             [[unroll]] for (uint i = 0u; i < DPT; ++i) {
                 uint d = tid + i * WG;
-                float v = d < HD ? kv[vb + d] : 0.0;
+                float v = d < HD ? caches[cs].v[vb + d] : 0.0;
                 [[unroll]] for (uint g = 0u; g < G; ++g) acc[g][i] += sc[g * SK + j] * v;
             }
         }

@@ -10,7 +10,7 @@ layout(constant_id = 0) const uint WG = 64;
 layout(push_constant) uniform PC {
     uint o_off, o_stride, part_off, n_heads;
     uint hd, n_split, window, split_keys;
-    uint t0;  // first token row of this dispatch's sequence in the step (partials are per sequence)
+    uint t0;  // first token row of this dispatch's sequences in the step (partials are per dispatch)
 } pc;
 
 void main() {

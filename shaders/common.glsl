@@ -5,7 +5,8 @@
 //   1  the step's activation arena (float32 tensors at word offsets given in push constants)
 //   2  the step's parameters (uint words: tokens, positions, logit rows, written by the host per step)
 //   3  small float32 tensors of the model (norm weights, RoPE inverse frequencies)
-//   4  the layer's KV cache (keys then values, float32)
+//   4  the layer's KV caches of up to KV_SEQS sequences (an array of buffers; each: keys then values,
+//      float32); token row t of the step uses caches[p_seq(t)] (its sequence's index in its dispatch)
 //   5  a second weight (the `up` projection of a fused gate/up kernel), like binding 0
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -15,18 +16,20 @@ layout(binding = 1) buffer Arena { float act[]; };
 layout(binding = 1) buffer Arena4 { vec4 act4[]; };
 layout(binding = 2) buffer Params { uint params[]; };
 layout(binding = 3) readonly buffer Smalls { float smalls[]; };
-layout(binding = 4) buffer Cache { float kv[]; };
-layout(binding = 4) buffer Cache4 { vec4 kv4[]; };
+const uint KV_SEQS = 8;  // = workbench.backends.vulkan.kernels.KV_SEQS
+layout(binding = 4) buffer Cache { float v[]; } caches[KV_SEQS];
+layout(binding = 4) buffer Cache4 { vec4 v[]; } caches4[KV_SEQS];
 layout(binding = 5) readonly buffer Weights2 { uint w32b[]; };
 
 // Layout of the params buffer: [0] number of tokens T, [1] number of logit rows R,
 // then T token ids from word 4, T positions from word 4 + PARAM_STRIDE, R row indices from 4 + 2*PARAM_STRIDE,
-// and R sampled token ids (device argmax) from 4 + 3*PARAM_STRIDE.
+// R sampled token ids (device argmax) from 4 + 3*PARAM_STRIDE, and T cache indices (p_seq) from 4 + 4*PARAM_STRIDE.
 const uint PARAM_STRIDE = 8192;  // = workbench.backends.vulkan.program.MAX_STEP_TOKENS
 uint p_token(uint t) { return params[4 + t]; }
 uint p_pos(uint t) { return params[4 + PARAM_STRIDE + t]; }
 uint p_row(uint r) { return params[4 + 2 * PARAM_STRIDE + r]; }
 uint p_result(uint r) { return 4 + 3 * PARAM_STRIDE + r; }  // word index of row r's sampled token
+uint p_seq(uint t) { return params[4 + 4 * PARAM_STRIDE + t]; }  // which of binding 4's caches row t uses
 
 // tanh written so that it saturates cleanly for large |x| (no inf/inf)
 float safe_tanh(float x) { return 1.0 - 2.0 / (exp(2.0 * x) + 1.0); }

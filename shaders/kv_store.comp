@@ -1,6 +1,6 @@
 #version 450
 // Writes the step's keys and values into the layer's cache: position p goes to slot p (global layers) or
-// p % ring (sliding layers). Grid: (ceil(kv_dim / WG), T).
+// p % ring (sliding layers), of its sequence's cache (p_seq). Grid: (ceil(kv_dim / WG), T).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -10,14 +10,14 @@ layout(constant_id = 0) const uint WG = 128;
 layout(push_constant) uniform PC {
     uint k_off, k_stride, v_off_act, v_stride;
     uint kv_dim, ring, window, v_off;
-    uint t0;  // first token row of this dispatch's sequence in the step
+    uint t0;  // first token row of this dispatch's sequences in the step
 } pc;
 
 void main() {
     uint i = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y + pc.t0;
     if (i >= pc.kv_dim) return;
     uint p = p_pos(t);
-    uint slot = pc.window > 0u ? p % pc.ring : p;
-    kv[slot * pc.kv_dim + i] = act[pc.k_off + t * pc.k_stride + i];
-    kv[pc.v_off + slot * pc.kv_dim + i] = act[pc.v_off_act + t * pc.v_stride + i];
+    uint slot = pc.window > 0u ? p % pc.ring : p, s = p_seq(t);
+    caches[s].v[slot * pc.kv_dim + i] = act[pc.k_off + t * pc.k_stride + i];
+    caches[s].v[pc.v_off + slot * pc.kv_dim + i] = act[pc.v_off_act + t * pc.v_stride + i];
 }

@@ -3,7 +3,9 @@
 // weight in its quantized planar layout once for all tokens.
 // Variants: NORM (RMSNorm of x fused in: x * inv_rms(x) * nw), GELU_PAIR (second weight `up` in binding 5:
 // y = gelu(W x) * (U x)). ROW_THREADS threads share a row (a power of two; below the subgroup size their sum
-// is a shuffle butterfly, above it subgroupAdd then shared memory); WG / ROW_THREADS rows per workgroup.
+// is a shuffle butterfly, above it subgroupAdd then shared memory); each group of ROW_THREADS threads computes
+// RB rows (RB > 1 for steps of several tokens: the activations of a chunk, loaded and normalized once, serve RB
+// rows, so that loads no longer outnumber the FMAs); WG / ROW_THREADS * RB rows per workgroup.
 // POST_NORM_ADD: the last workgroup to finish (an atomic counter in the arena, reset by it) also computes
 // out = r + rmsnorm(y) * pw over the whole output row (the post-norm residual add of Gemma 3), so that
 // it needs no dispatch of its own.
@@ -45,8 +47,9 @@ layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROW_THREADS = 32;
 layout(constant_id = 2) const uint NT = 1;  // tokens of the step (at most 8)
 layout(constant_id = 3) const uint KC = 8;  // columns of the weight (a constant, so the row loop unrolls)
+layout(constant_id = 4) const uint RB = 1;  // rows per group of ROW_THREADS threads
 #define MAX_T 8
-const uint ROWS = WG / ROW_THREADS;
+const uint ROWS = WG / ROW_THREADS;  // row groups per workgroup
 
 layout(push_constant) uniform PC {
     uvec4 pl;
@@ -91,44 +94,43 @@ void row_sums(inout float v[NT], uint r_local) {
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint r_local = tid / ROW_THREADS, lane = tid % ROW_THREADS;
-    uint row = flat_group() * ROWS + r_local;
+    uint row_base = flat_group() * ROWS * RB + r_local;  // rows row_base + j * ROWS, j < RB
 #ifdef NORM
-    for (uint t = 0u; t < NT; ++t) {
-        float s = 0.0;
-        for (uint k = tid; k < KC; k += WG) {
-            float v = act[pc.x_off + t * pc.x_stride + k];
-            s += v * v;
-        }
-        s = subgroupAdd(s);
-        if (subgroupElect()) red[gl_SubgroupID] = s;
+    {  // inv_rms of every token in one pass (one barrier pair)
+        float ss[NT];
+        [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = 0.0;
+        for (uint k = tid; k < KC; k += WG)
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                float v = act[pc.x_off + t * pc.x_stride + k];
+                ss[t] += v * v;
+            }
+        [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = subgroupAdd(ss[t]);
+        if (subgroupElect())
+            [[unroll]] for (uint t = 0u; t < NT; ++t) red[t * gl_NumSubgroups + gl_SubgroupID] = ss[t];
         barrier();
-        if (tid == 0u) {
+        if (tid < NT) {
             float tot = 0.0;
-            for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[i];
-            inv_rms[t] = 1.0 / sqrt(tot / float(KC) + pc.eps);
+            for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[tid * gl_NumSubgroups + i];
+            inv_rms[tid] = 1.0 / sqrt(tot / float(KC) + pc.eps);
         }
         barrier();
     }
 #endif
-    float acc[NT];
+    float acc[RB][NT];
 #ifdef GELU_PAIR
-    float acc2[NT];
+    float acc2[RB][NT];
 #endif
-    for (uint t = 0u; t < NT; ++t) {
-        acc[t] = 0.0;
+    [[unroll]] for (uint j = 0u; j < RB; ++j)
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            acc[j][t] = 0.0;
 #ifdef GELU_PAIR
-        acc2[t] = 0.0;
+            acc2[j][t] = 0.0;
 #endif
-    }
-    if (row < pc.N) {
+        }
+    if (row_base < pc.N) {
         const uint NC = KC / 8u;
         [[unroll]] for (uint c = lane; c < NC; c += ROW_THREADS) {
-            vec4 lo, hi;
-            deq_a(pc.pl, KC, row, c, lo, hi);
-#ifdef GELU_PAIR
-            vec4 lo2, hi2;
-            deq_b(pc.pl2, KC, row, c, lo2, hi2);
-#endif
+            vec4 xl[NT], xh[NT];
 #ifdef NORM
             uint nb = pc.nw_off + 8u * c;
             vec4 nlo = vec4(smalls[nb], smalls[nb + 1], smalls[nb + 2], smalls[nb + 3]);
@@ -136,28 +138,44 @@ void main() {
 #endif
             [[unroll]] for (uint t = 0u; t < NT; ++t) {
                 uint xb = (pc.x_off + t * pc.x_stride) / 4u + 2u * c;
-                vec4 xl = act4[xb], xh = act4[xb + 1u];
+                xl[t] = act4[xb];
+                xh[t] = act4[xb + 1u];
 #ifdef NORM
-                xl = (xl * inv_rms[t]) * nlo;
-                xh = (xh * inv_rms[t]) * nhi;
+                xl[t] = (xl[t] * inv_rms[t]) * nlo;
+                xh[t] = (xh[t] * inv_rms[t]) * nhi;
 #endif
-                acc[t] += dot8(lo, xl, hi, xh);
+            }
+            [[unroll]] for (uint j = 0u; j < RB; ++j) {
+                uint row = row_base + j * ROWS;
+                if (RB > 1u && row >= pc.N) break;
+                vec4 lo, hi;
+                deq_a(pc.pl, KC, row, c, lo, hi);
 #ifdef GELU_PAIR
-                acc2[t] += dot8(lo2, xl, hi2, xh);
+                vec4 lo2, hi2;
+                deq_b(pc.pl2, KC, row, c, lo2, hi2);
 #endif
+                [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                    acc[j][t] += dot8(lo, xl[t], hi, xh[t]);
+#ifdef GELU_PAIR
+                    acc2[j][t] += dot8(lo2, xl[t], hi2, xh[t]);
+#endif
+                }
             }
         }
     }
-    row_sums(acc, r_local);
+    [[unroll]] for (uint j = 0u; j < RB; ++j) {
+        row_sums(acc[j], r_local);
 #ifdef GELU_PAIR
-    row_sums(acc2, r_local);
+        row_sums(acc2[j], r_local);
 #endif
-    for (uint t = 0u; t < NT; ++t) {
-        float s = acc[t];
+        uint row = row_base + j * ROWS;
+        for (uint t = 0u; t < NT; ++t) {
+            float s = acc[j][t];
 #ifdef GELU_PAIR
-        s = gelu_tanh(s) * acc2[t];
+            s = gelu_tanh(s) * acc2[j][t];
 #endif
-        if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
+            if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
+        }
     }
 #ifdef POST_NORM_ADD
     memoryBarrierBuffer();
@@ -169,23 +187,24 @@ void main() {
     barrier();
     if (!last_wg) return;
     memoryBarrierBuffer();
-    for (uint t = 0u; t < NT; ++t) {
-        uint yb = pc.y_off + t * pc.y_stride;
-        float s = 0.0;
-        for (uint i = tid; i < pc.N; i += WG) {
-            float v = actc[yb + i];
-            s += v * v;
+    float ss[NT];  // the post-norm of every token in one pass
+    [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = 0.0;
+    for (uint i = tid; i < pc.N; i += WG)
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            float v = actc[pc.y_off + t * pc.y_stride + i];
+            ss[t] += v * v;
         }
-        s = subgroupAdd(s);
-        if (subgroupElect()) red[gl_SubgroupID] = s;
-        barrier();
+    [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = subgroupAdd(ss[t]);
+    if (subgroupElect())
+        [[unroll]] for (uint t = 0u; t < NT; ++t) red[t * gl_NumSubgroups + gl_SubgroupID] = ss[t];
+    barrier();
+    [[unroll]] for (uint t = 0u; t < NT; ++t) {
         float tot = 0.0;
-        for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[i];
+        for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[t * gl_NumSubgroups + i];
         float inv = 1.0 / sqrt(tot / float(pc.N) + pc.peps);
-        barrier();
-        for (uint i = tid; i < pc.N; i += WG) {
-            actc[pc.o_off + t * pc.o_stride + i] = act[pc.r_off + t * pc.r_stride + i] + actc[yb + i] * inv * smalls[pc.pw_off + i];
-        }
+        for (uint i = tid; i < pc.N; i += WG)
+            actc[pc.o_off + t * pc.o_stride + i] =
+                act[pc.r_off + t * pc.r_stride + i] + actc[pc.y_off + t * pc.y_stride + i] * inv * smalls[pc.pw_off + i];
     }
 #endif
 }

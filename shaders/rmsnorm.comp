@@ -55,8 +55,9 @@ void main() {
     uint slot = pc.window > 0u ? p_pos(t) % pc.ring : p_pos(t);
     uint kb = slot * pc.kv_dim + g * pc.width;
     uint vs = pc.v_src + t * pc.v_stride + g * pc.width;
-    for (uint i = tid; i < pc.width; i += WG) kv[pc.v_off + kb + i] = act[vs + i];
-#define STORE(i, v) kv[kb + (i)] = (v)
+    uint cs_ = p_seq(t);
+    for (uint i = tid; i < pc.width; i += WG) caches[cs_].v[pc.v_off + kb + i] = act[vs + i];
+#define STORE(i, x) caches[cs_].v[kb + (i)] = (x)
 #else
 #define STORE(i, v) act[yb + (i)] = (v)
 #endif

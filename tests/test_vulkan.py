@@ -143,6 +143,29 @@ def test_batched_steps_equal_sequences_alone(tiny):
     ev.backend.dev.check_validation()
 
 
+def test_batched_decode_groups_caches_per_dispatch(tiny):
+    """One attention dispatch serves up to KV_SEQS sequences whose caches have the same shape: more sequences
+    than that, and caches of different shapes in between, split into several groups; all equal numpy."""
+    from workbench.backends.vulkan.kernels import KV_SEQS
+    from workbench.backends.vulkan.program import group_sequences
+    from workbench.runtime.batch import SeqChunk, forward_batch
+
+    en, ev = wb.Engine(tiny, "numpy"), vulkan_engine(tiny)
+    lens = [64] * (KV_SEQS + 1) + [48, 64]
+    seqs, refs = [ev.new_sequence(n) for n in lens], [en.new_sequence(n) for n in lens]
+    for i, (s, r) in enumerate(zip(seqs, refs, strict=True)):
+        ev.forward(s, TOKENS[: 2 + i % 5])
+        en.forward(r, TOKENS[: 2 + i % 5])
+    groups = group_sequences([(s.cache.device_kv, i, 1) for i, s in enumerate(seqs)])
+    assert [len(g.seqs) for g in groups] == [KV_SEQS, 1, 1, 1]
+    for step in range(3):
+        toks = [80 + step + i for i in range(len(seqs))]
+        got = forward_batch(ev, [SeqChunk(s, [t]) for s, t in zip(seqs, toks, strict=True)])
+        for g, r, t in zip(got, refs, toks, strict=True):
+            assert_close(g.reshape(-1), en.forward(r, [t]).reshape(-1))
+    ev.backend.dev.check_validation()
+
+
 def test_sliding_ring_wraps(tiny, monkeypatch):
     """A ring just larger than the window: decoding far past it reuses slots correctly."""
     from workbench.backends.vulkan import kv_cache
@@ -177,6 +200,8 @@ def test_tensors_split_by_storage_buffer_range(tiny, monkeypatch):
         "fused=0,timestamps=0",
         "attention.fused_combine=0,attention.kv_in_rope=0,matmul.coop=0,matvec.post_norm=0",
         "attention.fused_combine=1,attention.split_keys=16",
+        "matvec.row_block_tall=3,matvec.row_threads_tall=4,matvec.norm_rows=64",
+        "matvec.row_block_tall=1",
     ],
 )
 def test_tunables_keep_results(tiny, tune):

@@ -68,7 +68,7 @@ class VulkanBackend(Backend):
             self.timestamps = self.tunable("timestamps", True) and self.dev.features.timestamps
             self.pipes = Pipelines(self.dev)
             self.transfers = Transfers(self.dev)
-            self.params = Buffer(self.dev, (4 + 4 * MAX_STEP_TOKENS) * 4, host=True, name="step params")
+            self.params = Buffer(self.dev, (4 + 5 * MAX_STEP_TOKENS) * 4, host=True, name="step params")
             self.dummy = Buffer(self.dev, 16, name="unused binding")
             t0 = time.perf_counter()
             self._upload_model()
@@ -209,7 +209,7 @@ class VulkanBackend(Backend):
         logits = graph.outputs[0]
         region = None if greedy else (offsets[logits], int(np.prod(graph.tensors[logits].shape)))
         prog = Recorded(self.dev, self.pipes, dispatches, total, self.params, self.smalls, self.dummy, region,
-                        self.timestamps)  # fmt: skip
+                        self.timestamps, builder.seq_index())  # fmt: skip
         for t in builder.pinned:  # atomic counters start at zero (their kernels reset them after use)
             self.transfers.upload(prog.arena, np.zeros(builder.sizes[t], np.uint32), 4 * offsets[t])
         self.programs[key] = prog

@@ -317,12 +317,16 @@ class VulkanDevice:
         f11 = vk.VkPhysicalDeviceVulkan11Features(
             pNext=f12, storageBuffer16BitAccess=vk.VK_TRUE if f.storage_16bit else vk.VK_FALSE
         )
-        self._feature_chain = (f11, f12, coop)  # keep the pNext chain alive
+        core = vk.VkPhysicalDeviceFeatures2(  # the KV binding is an array indexed per workgroup
+            pNext=f11,
+            features=vk.VkPhysicalDeviceFeatures(shaderStorageBufferArrayDynamicIndexing=vk.VK_TRUE),
+        )
+        self._feature_chain = (core, f11, f12, coop)  # keep the pNext chain alive
         queue_info = vk.VkDeviceQueueCreateInfo(
             queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0]
         )
         info = vk.VkDeviceCreateInfo(
-            pNext=f11,
+            pNext=core,
             queueCreateInfoCount=1,
             pQueueCreateInfos=[queue_info],
             enabledExtensionCount=len(exts),

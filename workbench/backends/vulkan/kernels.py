@@ -22,6 +22,7 @@ FORMAT_DEFINES: tuple[tuple[str, ...], ...] = (
     *(("FMT_I4", f"I4_GROUP={g}", *a) for g in (32, 64, 128) for a in ((), ("I4_ASYM",))),
 )
 PUSH_BYTES = 128
+KV_SEQS = 8  # caches bound at binding 4 (= KV_SEQS in shaders/common.glsl): sequences one dispatch can serve
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ ROW_THREAD_KEYS = ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_
 TUNABLE_NAMES = (
     *(f"{k}.{name}" for k, spec in KERNELS.items() for name, _ in spec.tunables),
     *ROW_THREAD_KEYS[1:],
+    "matvec.row_block_tall",
     *PROGRAM_TUNABLES,
 )
 
@@ -187,6 +189,7 @@ class Tuning:
             "matvec.row_threads": 4 * wide,
             "matvec.row_threads_tall": min(16, wide),
             "matvec.row_threads_batch": 2 * wide,  # steps of 2..8 tokens (H100 sweep: 64 best)
+            "matvec.row_block_tall": 4,  # rows per thread group of the LM head in steps of 2..8 tokens
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
@@ -270,6 +273,8 @@ class Tuning:
             errors.append("matvec.fp16=1 needs shaderFloat16, which this device lacks")
         if v["argmax.wg"] & (v["argmax.wg"] - 1):
             errors.append("argmax.wg must be a power of two")
+        if not 1 <= v["matvec.row_block_tall"] <= 8:
+            errors.append("matvec.row_block_tall must be 1..8")
         if not 1 <= v["matvec.max_tokens"] <= 8:
             errors.append("matvec.max_tokens must be 1..8")
         if errors:
@@ -320,10 +325,12 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
 
 
 class Pipelines:
-    """One descriptor-set layout (6 storage buffers) and push range shared by every kernel; pipelines cached
+    """One descriptor-set layout (6 storage-buffer bindings, the KV one an array) and push range shared by every kernel; pipelines cached
     by (shader, defines, specialization constants)."""
 
     N_BINDINGS = 6
+    KV_BINDING = 4  # an array of KV_SEQS buffers
+    N_DESCRIPTORS = N_BINDINGS - 1 + KV_SEQS
 
     def __init__(self, dev: VulkanDevice):
         vk = dev.vk
@@ -332,7 +339,7 @@ class Pipelines:
             vk.VkDescriptorSetLayoutBinding(
                 binding=i,
                 descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                descriptorCount=1,
+                descriptorCount=KV_SEQS if i == self.KV_BINDING else 1,
                 stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
             )
             for i in range(self.N_BINDINGS)

@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
-from .kernels import KERNELS, coop_tile
+from .kernels import KERNELS, KV_SEQS, coop_tile
 from .memory import Buffer
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ class Dispatch:
     writes: tuple[str, ...]
     weight: Buffer | None = None
     weight2: Buffer | None = None
-    kv: Buffer | None = None
+    kv: tuple[Buffer, ...] = ()  # the caches of binding 4 (the shader picks one per token row: p_seq)
     barrier: bool = False
 
 
@@ -54,6 +56,34 @@ def split_groups(n: int) -> tuple[int, int]:
     """A 2-D grid of at least ``n`` workgroups (x capped at 65535); shaders flatten it with flat_group()."""
     x = min(n, MAX_GROUPS_X)
     return x, -(-n // x)
+
+
+@dataclass
+class SeqGroup:
+    """Consecutive sequences of a step whose caches have the same shape (at most KV_SEQS): one attention
+    dispatch serves them all, token rows ``t0 .. t0 + rows``; ``seqs`` as in :class:`Builder`."""
+
+    seqs: list[tuple[DeviceKV, int, int]]
+
+    @property
+    def t0(self) -> int:
+        return self.seqs[0][1]
+
+    @property
+    def rows(self) -> int:
+        return sum(n for _, _, n in self.seqs)
+
+
+def group_sequences(seqs: list[tuple[DeviceKV, int, int]]) -> list[SeqGroup]:
+    """Runs of consecutive sequences with equal cache shapes, at most KV_SEQS each."""
+    groups: list[SeqGroup] = []
+    for s in seqs:
+        g = groups[-1] if groups else None
+        if g is None or len(g.seqs) == KV_SEQS or g.seqs[0][0].key != s[0].key:
+            groups.append(SeqGroup([s]))
+        else:
+            g.seqs.append(s)
+    return groups
 
 
 @dataclass
@@ -68,8 +98,10 @@ class Builder:
     sizes: dict[str, int] = field(default_factory=dict)  # tensor -> floats
     widths: dict[str, int] = field(default_factory=dict)
     pinned: set[str] = field(default_factory=set)  # tensors kept for the whole program (atomic counters)
+    groups: list[SeqGroup] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.groups = group_sequences(self.seqs)
         for name, spec in self.graph.tensors.items():
             rows, cols = (1, spec.shape[0]) if len(spec.shape) == 1 else spec.shape
             self.sizes[name] = int(rows * cols)
@@ -130,10 +162,11 @@ class Builder:
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
             rt = b.tuning["matvec.row_threads_tall" if tall else "matvec.row_threads_batch" if t > 1 else
                           "matvec.row_threads"]  # fmt: skip
-            rows_per_wg = b.tuning["matvec.wg"] // rt
+            rb = b.tuning["matvec.row_block_tall"] if tall and t > 1 else 1
+            rows_per_wg = b.tuning["matvec.wg"] // rt * rb
             gx, gy = split_groups(-(-part.rows // rows_per_wg))
             reads, writes = ([x, res], [y, out, counter]) if post else ([x], [y])
-            self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, [(1, rt), (2, t), (3, k)],
+            self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, [(1, rt), (2, t), (3, k), (4, rb)],
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
@@ -205,32 +238,46 @@ class Builder:
                      weight=part.buffer)  # fmt: skip
 
     def attention(self, op: Op) -> None:
-        """KV store + attention (+ split merge) per sequence of the step; each sequence has its own cache and
-        its tokens' rows (``#i`` marks a disjoint row range of a tensor, so sequences need no barriers)."""
-        one = len(self.seqs) == 1
-        for stage in ("store", "attend", "merge"):  # stage by stage: one barrier per stage, not per sequence
-            for i, (kv, t0, n) in enumerate(self.seqs):
-                self.attention_seq(op, kv, t0, n, "" if one else f"#{i}", stage)
+        """KV store + attention (+ split merge), one dispatch per stage for each group of sequences (see
+        :func:`group_sequences`); each sequence has its own cache, picked per token row by the shaders
+        (``p_seq``). ``#i`` marks group i's disjoint row range of a tensor, so groups need no barriers."""
+        one = len(self.groups) == 1
+        for stage in ("store", "attend", "merge"):  # stage by stage: one barrier per stage, not per group
+            for i, grp in enumerate(self.groups):
+                self.attention_group(op, grp, "" if one else f"#{i}", stage)
 
-    def attention_seq(self, op: Op, kv: DeviceKV, t0: int, t: int, tag: str, stage: str) -> None:
+    def seq_index(self) -> np.ndarray:
+        """Per token row of the step: the index of its sequence's cache in its dispatch (``p_seq``)."""
+        return np.concatenate(
+            [
+                np.repeat(np.arange(len(g.seqs), dtype=np.uint32), [n for _, _, n in g.seqs])
+                for g in self.groups
+            ]
+        )
+
+    def attention_group(self, op: Op, grp: SeqGroup, tag: str, stage: str) -> None:
         b, a = self.backend, op.attrs
         q, k, v = op.inputs[:3]
         out = op.outputs[0]
-        layer = kv.layers[op.layer]
+        layers = [kv.layers[op.layer] for kv, _, _ in grp.seqs]
+        layer = layers[0]  # every cache of a group has the same shape
+        caches = tuple(la.buffer for la in layers)
+        t0, t = grp.t0, grp.rows
         window = int(a.get("window", 0))
-        if window and layer.wraps and t > layer.slots - window + 1:
+        longest = max(n for _, _, n in grp.seqs)
+        if window and layer.wraps and longest > layer.slots - window + 1:
             raise UnsupportedOpError(
-                f"op {op.name}: a step of {t} tokens does not fit the sliding ring of {layer.slots} slots; "
+                f"op {op.name}: a step of {longest} tokens does not fit the sliding ring of {layer.slots} slots; "
                 f"use steps of at most {layer.slots - window + 1} tokens"
             )
-        kvres = f"kv:{op.layer}:{kv.id}"
+        kvres = tuple(f"kv:{op.layer}:{kv.id}" for kv, _, _ in grp.seqs)
         kvd = layer.kv_dim
         if stage == "store":
-            if tag or not self._store_in_rope(op, k, v, kvres, layer, window):
+            if tag or not self._store_in_rope(op, k, v, kvres, caches, layer, window):
                 self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
                      v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
-                     t0=t0), (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k + tag, v + tag, "params"], [kvres],
-                     kv=layer.buffer)  # fmt: skip
+                     t0=t0), (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k + tag, v + tag, "params"], kvres,
+                     kv=caches)  # fmt: skip
             return
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
         sg = b.dev.features.subgroup_size
@@ -238,8 +285,8 @@ class Builder:
             raise UnsupportedOpError(f"op {op.name}: heads {nh}/{nkv} x {hd} not supported by attention.comp")
         max_keys = min(window or layer.slots, layer.slots)
         sk = b.tuning["attention.split_keys"]
-        n_split = -(-max_keys // sk) if t <= b.tuning["matvec.max_tokens"] else 1
-        suffix = tag.replace("#", ".")  # tensor names of this sequence's scratch
+        n_split = -(-max_keys // sk) if longest <= b.tuning["matvec.max_tokens"] else 1
+        suffix = tag.replace("#", ".")  # tensor names of this group's scratch
         part = (
             self.tmp(f"{op.name}:partials{suffix}", 1, t * max(n_split, 1) * nh * (hd + 2))
             if n_split > 1
@@ -255,15 +302,16 @@ class Builder:
                     scale=a["scale"], cnt_off=Ref(counters) if counters else 0, t0=t0)  # fmt: skip
         writes = [out + tag] if not part else ([part, out + tag, counters] if fused_combine else [part])
         if stage == "attend":
-            self.add(op, "attention", push, (n_split, nkv, t), [q + tag, kvres, "params"], writes,
+            self.add(op, "attention", push, (n_split, nkv, t), [q + tag, *kvres, "params"], writes,
                  ["FUSED_COMBINE"] if fused_combine else [],
-                 spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size)], kv=layer.buffer)  # fmt: skip
+                 spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size)], kv=caches)  # fmt: skip
         elif stage == "merge" and part and not fused_combine:
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
                         n_split=n_split, window=window, split_keys=sk, t0=t0)  # fmt: skip
             self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out + tag])
 
-    def _store_in_rope(self, op: Op, k: str, v: str, kvres: str, layer, window: int) -> bool:
+    def _store_in_rope(self, op: Op, k: str, v: str, kvres: tuple[str, ...], caches: tuple[Buffer, ...], layer,
+                       window: int) -> bool:  # fmt: skip
         """Let the RoPE dispatch that produced the keys write them (and the values) into the cache, when the
         keys feed nothing but this attention op; False when a separate kv_store is needed."""
         if not self.backend.tuning["attention.kv_in_rope"]:
@@ -272,7 +320,7 @@ class Builder:
         if any(o is not op and op not in o.attrs.get("parts", ()) for o in readers):
             return False
         rope = next((d for d in reversed(self.dispatches) if k in d.writes), None)
-        if rope is None or rope.kernel != "rmsnorm" or "ROPE" not in rope.defines or rope.kv is not None:
+        if rope is None or rope.kernel != "rmsnorm" or "ROPE" not in rope.defines or rope.kv:
             return False
         if self.widths[v] != self.widths[k] or rope.push["width"] != op.attrs["head_dim"]:
             return False
@@ -280,8 +328,8 @@ class Builder:
         rope.push.update(y_off=0, v_src=Ref(v), v_stride=self.widths[v], kv_dim=layer.kv_dim, ring=layer.slots,
                          window=window, v_off=layer.v_off)  # fmt: skip
         rope.reads = (*rope.reads, v, "params")
-        rope.writes = (kvres,)
-        rope.kv = layer.buffer
+        rope.writes = kvres
+        rope.kv = caches
         return True
 
     def argmax(self, logits: str) -> None:

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .device import VulkanDevice
-from .kernels import Pipelines
+from .kernels import KV_SEQS, Pipelines
 from .memory import Buffer
 from .program import MAX_STEP_TOKENS, Dispatch, pack_push
 
@@ -21,16 +21,17 @@ from .program import MAX_STEP_TOKENS, Dispatch, pack_push
 class Recorded:
     def __init__(self, dev: VulkanDevice, pipes: Pipelines, dispatches: list[Dispatch], arena_floats: int,
                  params: Buffer, smalls: Buffer, dummy: Buffer, logits: tuple[int, int] | None,
-                 timestamps: bool):  # fmt: skip
+                 timestamps: bool, seq_index: np.ndarray):  # fmt: skip
         vk = dev.vk
         self.dev, self.dispatches, self.params = dev, dispatches, params
+        self.seq_index = seq_index  # per token row: which of binding 4's caches (p_seq); fixed per program
         self.arena = Buffer(dev, arena_floats * 4, name="activation arena")
         self.readback = Buffer(dev, logits[1] * 4, host=True, name="logits readback") if logits else None
         self.logits_region = logits
         self._sets: dict[tuple, object] = {}
         combos = OrderedDict()
         for d in dispatches:
-            combos[(id(d.weight), id(d.weight2), id(d.kv))] = (d.weight, d.weight2, d.kv)
+            combos[_set_key(d)] = (d.weight, d.weight2, d.kv)
         self.pool = vk.vkCreateDescriptorPool(
             dev.device,
             vk.VkDescriptorPoolCreateInfo(
@@ -39,7 +40,7 @@ class Recorded:
                 pPoolSizes=[
                     vk.VkDescriptorPoolSize(
                         type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                        descriptorCount=Pipelines.N_BINDINGS * len(combos),
+                        descriptorCount=Pipelines.N_DESCRIPTORS * len(combos),
                     )
                 ],
             ),
@@ -56,15 +57,18 @@ class Recorded:
         writes = []
         for ds, (key, (w, w2, kv)) in zip(sets, combos.items()):
             self._sets[key] = ds
-            bufs = [w or dummy, self.arena, params, smalls, kv or dummy, w2 or dummy]
-            for i, b in enumerate(bufs):
+            caches = [*kv, *[dummy] * (KV_SEQS - len(kv))]
+            bufs = [[w or dummy], [self.arena], [params], [smalls], caches, [w2 or dummy]]
+            for i, group in enumerate(bufs):
                 writes.append(
                     vk.VkWriteDescriptorSet(
                         dstSet=ds,
                         dstBinding=i,
-                        descriptorCount=1,
+                        descriptorCount=len(group),
                         descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                        pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.size)],
+                        pBufferInfo=[
+                            vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.size) for b in group
+                        ],
                     )
                 )
         vk.vkUpdateDescriptorSets(dev.device, len(writes), writes, 0, None)
@@ -124,7 +128,7 @@ class Recorded:
             if pipe is not bound_pipe:
                 vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe)
                 bound_pipe = pipe
-            ds = self._sets[(id(d.weight), id(d.weight2), id(d.kv))]
+            ds = self._sets[_set_key(d)]
             if ds is not bound_set:
                 vk.vkCmdBindDescriptorSets(
                     cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipes.layout, 0, 1, [ds], 0, None
@@ -177,11 +181,12 @@ class Recorded:
         t, r = len(tokens), len(rows)
         p[0], p[1] = t, r
         if t == 1 and r == 1:  # a decode step: scalar writes are several times cheaper than slices
-            p[4], p[4 + s], p[4 + 2 * s] = int(tokens[0]), int(positions[0]), int(rows[0])
+            p[4], p[4 + s], p[4 + 2 * s], p[4 + 4 * s] = int(tokens[0]), int(positions[0]), int(rows[0]), 0
         else:
             p[4 : 4 + t] = tokens
             p[4 + s : 4 + s + t] = positions
             p[4 + 2 * s : 4 + 2 * s + r] = rows
+            p[4 + 4 * s : 4 + 4 * s + t] = self.seq_index
         self.dev.submit_and_wait(self._submit_timed if timed else self._submit)
 
     def logits(self, rows: int) -> np.ndarray:
@@ -228,3 +233,8 @@ class Recorded:
         self.arena.destroy()
         if self.readback is not None:
             self.readback.destroy()
+
+
+def _set_key(d: Dispatch) -> tuple:
+    """The buffers a dispatch binds (its descriptor set)."""
+    return id(d.weight), id(d.weight2), tuple(id(b) for b in d.kv)
