@@ -18,6 +18,8 @@ RNG = np.random.default_rng(1)
 
 
 def test_spec_parsing():
+    assert parse_sparsity("ffn-topk=0.9").ffn.down == "fp32"
+    assert parse_sparsity("ffn-down=int8,ffn-topk=0.9").ffn.down == "int8"
     s = parse_sparsity("ffn-stat=0.95@0-9,nm=2:4@ffn@1,attn-window=128", n_layers=18)
     assert s.ffn.method == "stat" and s.ffn.target == 0.95 and s.ffn.applies(9) and not s.ffn.applies(10)
     assert (s.nm.n, s.nm.m, s.nm.kinds, s.nm.layers) == (
@@ -35,7 +37,8 @@ def test_spec_parsing():
     [("ffn-topk=1.0", r"outside \[0, 1\)"), ("ffn-topk=-0.1", "outside"), ("ffn-topk=abc", "not a number"),
      ("ffn-max=0.5", "unknown FFN method"), ("nm=4:2", "0 < N < M"), ("nm=2:4@mlp", "unknown weights"),
      ("attn-window=0", ">= 1"), ("dropout=0.1", "unknown sparsity item"), ("ffn-topk", "NAME=VALUE"),
-     ("ffn-topk=0.9@0-30", "does not exist")],
+     ("ffn-topk=0.9@0-30", "does not exist"), ("ffn-down=int4,ffn-topk=0.9", "one of fp32, fp16, int8"),
+     ("ffn-down=int8", "needs an FFN item"), ("ffn-topk=0.9,ffn-down=fp16@1", "no @LAYERS")],
 )  # fmt: skip
 def test_bad_specs(text, message):
     with pytest.raises(SpecError, match=message):
@@ -91,11 +94,13 @@ def test_rewrite_replaces_the_ffn_of_chosen_layers(tmp_path):
 
 
 @pytest.mark.parametrize("sparsity", ["ffn-topk=0.5", "ffn-stat=0.8@0-1", "nm=2:4", "attn-window=4",
-                                      "ffn-topk=0.75,attn-window=6"])  # fmt: skip
+                                      "ffn-topk=0.75,attn-window=6", "ffn-topk=0.6,ffn-down=int8",
+                                      "ffn-stat=0.7,ffn-down=fp16"])  # fmt: skip
 @pytest.mark.parametrize("qtype", ["Q8_0", "F32"])
 def test_cpu_matches_the_numpy_oracle(tmp_path, sparsity, qtype):
     """Prefill (dense masked FFN) and decode (the skipping kernel: kept up rows read in place for GGUF
-    blocks, gathered for float weights; kept down columns)."""
+    blocks, gathered for float weights; kept down columns in the op's down format; for Q8_0 inside the
+    compiled step program)."""
     v = build_variant(tiny_model(tmp_path, qtype), "native", sparsity, progress=False)
     want, got = forward_logits(v, "numpy"), forward_logits(v, "cpu")
     np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())
@@ -105,6 +110,54 @@ def test_cpu_sparse_ffn_on_planar_weights(tmp_path):
     v = build_variant(tiny_model(tmp_path, "Q8_0"), "int8", "ffn-topk=0.5", progress=False)
     want, got = forward_logits(v, "numpy"), forward_logits(v, "cpu")
     np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())
+
+
+def test_decode_steps_of_a_sparse_gguf_model_run_as_one_program(tmp_path):
+    import workbench as wb
+    from workbench.backends.base import Step
+
+    e = wb.Engine(
+        build_variant(tiny_model(tmp_path, "Q8_0"), "native", "ffn-topk=0.5", progress=False), "cpu"
+    )
+    graph = e.backend.prepare_graph(e.model.graph(1, 1))
+    assert "sparse_ffn" in {op.kind for op in graph.ops}
+    step = Step.single(e.new_sequence(4).cache, [5], 0, "last", "decode")
+    assert e.backend._program(graph, step) is not None
+    e.close()
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp16", "int8"])
+def test_down_store_sums_exactly_the_reference_values(fmt):
+    from workbench.backends.numba_cpu import sparse_down as sd
+    from workbench.sparsity.ffn import down_values
+
+    w = RNG.standard_normal((70, 96)).astype(np.float32)  # hidden 70: int8 rows padded to 4 bytes
+    store = sd.column_store(w, fmt)
+    row = np.array(sd.table_row(store, fmt, 70), np.int64)
+    idx = np.array([0, 3, 4, 50, 95], np.int64)
+    f = RNG.standard_normal(5).astype(np.float32)
+    for parts in (1, 3):
+        out = np.empty(70, np.float32)
+        sd.down_kept(row, idx, f, out, parts)
+        np.testing.assert_allclose(out, down_values(w, fmt)[:, idx] @ f, rtol=1e-5, atol=1e-5)
+    if fmt == "fp32":
+        np.testing.assert_array_equal(down_values(w, fmt), w)
+
+
+@pytest.mark.parametrize("k", [1, 7, 100, 511, 512])
+def test_top_k_keeps_the_k_largest_and_the_first_of_ties(k):
+    from workbench.backends.numba_cpu.sparse import top_k
+
+    v = np.abs(RNG.standard_normal(512)).astype(np.float32)
+    v[100:140] = v[5]  # a run of ties
+    idx = top_k(v, k)
+    assert len(idx) == k and (np.diff(idx) > 0).all()
+    rest = np.setdiff1d(np.arange(512), idx)
+    if len(rest):
+        assert v[idx].min() >= v[rest].max()
+        thr = v[idx].min()
+        tied = np.flatnonzero(v == thr)
+        assert set(idx) & set(tied) == set(tied[: len(set(idx) & set(tied))])
 
 
 def test_cpu_kept_set_equals_the_reference_rule():
@@ -132,3 +185,5 @@ def test_sparse_ffn_cost_counts_only_kept_rows(tmp_path):
     dense = sum(op_cost(op, dense_g, pos).bytes for op in dense_g.ops if op.name.startswith("blk.0.ffn_"))
     sparse = sum(op_cost(op, sparse_g, pos).bytes for op in sparse_g.ops if op.name == "blk.0.ffn_sparse")
     assert sparse < 0.5 * dense
+    g8 = build_variant(m, "native", "ffn-topk=0.9,ffn-down=int8", progress=False).graph(1, 1)
+    assert sum(op_cost(op, g8, pos).bytes for op in g8.ops if op.name == "blk.0.ffn_sparse") < sparse

@@ -16,7 +16,8 @@ from ..ops import reference as ref
 from ..ops.graph import Graph, Op
 from ..quant.planar import matmul_input
 from ..runtime.kv_cache import KVCache
-from ..sparsity.ffn import sparse_ffn
+from ..sparsity.attention import block_mask
+from ..sparsity.ffn import down_values, sparse_ffn
 from .base import Backend, DeviceInfo, OpObserver, Step
 
 Env = dict[str, np.ndarray]
@@ -64,6 +65,7 @@ def _attention(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
             a["head_dim"],
             a["scale"],
             a.get("window", 0),
+            block_mask(pos[sl], kpos, a["blocks"]) if "blocks" in a else None,
         )
     env[op.outputs[0]] = out
 
@@ -86,7 +88,12 @@ def _softcap(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
 
 def _sparse_ffn(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     tensors = [b.model.weights[w] for w in op.weights]
-    env[op.outputs[0]] = sparse_ffn(env[op.inputs[0]], *(b.weight(w) for w in op.weights), tensors,
+    gate, up, down = op.weights
+    fmt = op.attrs.get("down", "fp32")
+    key = f"{down}#sparse-columns={fmt}"  # the values a sparse FFN multiplies by (stored transposed as fmt)
+    if key not in b._f32:
+        b._f32[key] = down_values(b.weight(down), fmt)
+    env[op.outputs[0]] = sparse_ffn(env[op.inputs[0]], b.weight(gate), b.weight(up), b._f32[key], tensors,
                                     op.attrs["method"], op.attrs["target"])  # fmt: skip
 
 
@@ -106,6 +113,7 @@ KERNELS: dict[str, Kernel] = {
     "matmul": _matmul,
     "rope": _rope,
     "attention": _attention,
+    "block_sparse_attention": _attention,
     "gelu_mul": _gelu_mul,
     "add": _add,
     "gather_rows": _gather_rows,

@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
         "model on a public-domain English text shipped with workbench. Quant specs: fp32, fp16, bf16, int8, "
         "int4-g32|64|128[-asym], +a8 for int8 activations, mixed per op kind / layer "
         "(e.g. 'int4-g32,ffn_down=int8,attn@0-2=fp16'). Sparsity specs: ffn-topk=0.9, ffn-stat=0.95@0-9, "
-        "nm=2:4[@ffn], attn-window=128, comma-joined.",
+        "ffn-down=fp32|fp16|int8, nm=2:4[@ffn], attn-window=128, attn-blocks=64:1:4[:8][@5+11+17], comma-joined.",
     )
     add_model_args(p)
     p.add_argument(
@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--speed-tokens", type=non_negative_int, default=32,
                    help="decode tokens per timed run, 0 to skip speed (default 32)")  # fmt: skip
+    p.add_argument("--speed-prompt", type=positive_int, default=16,
+                   help="text tokens of the prompt before the timed decodes (default 16)")  # fmt: skip
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs of each side (default 3)")
     p.add_argument("--profile-repeats", type=positive_int, default=1,
                    help="profiled decodes of each side for the FFN op time, median (default 1)")  # fmt: skip
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = EvalConfig(args.model, args.quant, args.sparsity, args.backend, args.ref_backend, args.text, args.tokens,
                      args.window, args.chunk, args.prompts, args.continuation, args.speed_tokens, args.repeats,
-                     args.profile_repeats, args.ffn_layer_repeats, args.threads, args.tune)  # fmt: skip
+                     args.profile_repeats, args.ffn_layer_repeats, args.threads, args.tune,
+                     speed_prompt=args.speed_prompt)  # fmt: skip
     res = evaluate(cfg, progress=not args.no_progress)
     if args.json:
         emit_json(res)
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if s:
         print(f"  decode {s['decode_tok_s']:.1f} tok/s vs {s['decode_tok_s_ref']:.1f} (x{s['decode_ratio']:.3f}); "
               f"FFN block {s['ffn_ms_per_token']:.3f} ms/token vs {s['ffn_ms_per_token_ref']:.3f} "
-              f"(ref/variant x{s['ffn_speedup']:.3f})")  # fmt: skip
+              f"(ref/variant x{s['ffn_speedup']:.3f}); attention {s['attn_ms_per_token']:.3f} vs "
+              f"{s['attn_ms_per_token_ref']:.3f} (x{s['attn_speedup']:.3f}) after {s['prompt_tokens']} prompt tokens")  # fmt: skip
     if "ffn_layer_us" in s:
         print(f"  FFN ops of layer {s['ffn_layer']} alone: {s['ffn_layer_us']:.1f} us vs {s['ffn_layer_us_ref']:.1f} "
               f"(ref/variant x{s['ffn_layer_speedup']:.3f}, warm caches)")  # fmt: skip

@@ -5,10 +5,11 @@ run in chunks of ``chunk`` tokens with every row's logits (``Engine.forward(...,
 variant's and the reference's perplexity, KL(reference || variant) and top-1 agreement of next-token
 distributions; then greedy continuations of prompts taken from the text, compared token by token.
 
-Speed, measured here: greedy decode tokens/s of the variant and of the reference, alternating in one run
-(median of ``repeats``), and ``profile_repeats`` profiled decodes of each (alternating, median) giving
-the FFN block's op time per token (the ops ``blk.N.ffn*`` and ``blk.N.post_ffw*``: norm, FFN, post-norm,
-residual), so the two compare side by side.
+Speed, measured here: greedy decode tokens/s of the variant and of the reference after a prompt of
+``speed_prompt`` text tokens, alternating in one run (median of ``repeats``), and ``profile_repeats``
+profiled decodes of each (alternating, median) giving the FFN block's op time per token (the ops
+``blk.N.ffn*`` and ``blk.N.post_ffw*``: norm, FFN, post-norm, residual) and the attention ops' time per
+token (``blk.N.attn``), so the two compare side by side.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .metrics import TokenMetrics, greedy_agreement
 from .text import DEFAULT_TEXT, eval_tokens, load_text, prompts_from_text
 
 FFN_OP = re.compile(r"^blk\.\d+\.(ffn|post_ffw)")
+ATTN_OP = re.compile(r"^blk\.\d+\.attn$")
 
 
 @dataclass
@@ -53,9 +55,10 @@ class EvalConfig:
     ffn_layer_repeats: int = 0  # >0: also time one layer's FFN ops side by side (warm caches, cpu only)
     threads: int | None = None
     tune: str | None = None
+    speed_prompt: int = 16  # text tokens (after BOS) before the timed decodes (long: attention-bound)
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "window", "chunk", "repeats", "profile_repeats"):
+        for name in ("tokens", "window", "chunk", "repeats", "profile_repeats", "speed_prompt"):
             if getattr(self, name) < 1:
                 raise ValueError(f"eval {name} must be >= 1, got {getattr(self, name)}")
         for name in ("prompts", "continuation", "speed_tokens", "ffn_layer_repeats"):
@@ -97,8 +100,8 @@ def _continuations(engine: Engine, prompts: list[str], n: int) -> list[list[int]
     return [engine.generate(p, n, greedy, stop_ids=()).output_ids for p in prompts]
 
 
-def _ffn_ms_per_token(engine: Engine, prompt: list[int], n: int) -> float:
-    """FFN block op time (ms) per decode token in one profiled greedy decode."""
+def _op_ms_per_token(engine: Engine, prompt: list[int], n: int) -> dict[str, float]:
+    """FFN block and attention op time (ms) per decode token in one profiled greedy decode."""
     prof = Profiler()
     engine.observer = prof
     try:
@@ -110,13 +113,15 @@ def _ffn_ms_per_token(engine: Engine, prompt: list[int], n: int) -> float:
     steps = dec["step"].nunique()
     if not steps:
         raise ValueError("the profiled decode ran no decode step (speed_tokens must be >= 2)")
-    return 1e3 * float(dec[dec["op"].str.match(FFN_OP)]["host_s"].sum()) / steps
+    return {k: 1e3 * float(dec[dec["op"].str.match(rx)]["host_s"].sum()) / steps
+            for k, rx in (("ffn", FFN_OP), ("attn", ATTN_OP))}  # fmt: skip
 
 
 def measure_speed(
     ref: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, progress: bool
 ) -> dict[str, float]:
-    """Decode tokens/s of both (alternating, medians) and their FFN op time per token; ratios variant/ref."""
+    """Decode tokens/s of both (alternating, medians) and their FFN and attention op time per token;
+    ratios variant/ref."""
     n = cfg.speed_tokens
     greedy = SamplingParams()
     for e in (ref, var):  # warm-up: compile kernels, fill caches (e.g. the sparse kernel's transposed down)
@@ -126,11 +131,12 @@ def measure_speed(
         for key, e in (("ref", ref), ("var", var)):
             runs[key].append(e.generate(prompt, n, greedy, stop_ids=()).decode_tok_s)
     tok_s = {k: statistics.median(v) for k, v in runs.items()}
-    prof: dict[str, list[float]] = {"ref": [], "var": []}
+    prof: dict[str, list[dict[str, float]]] = {"ref": [], "var": []}
     for _ in range(cfg.profile_repeats):  # alternating, like the timed runs
         for key, e in (("ref", ref), ("var", var)):
-            prof[key].append(_ffn_ms_per_token(e, prompt, n))
-    ffn = {k: statistics.median(v) for k, v in prof.items()}
+            prof[key].append(_op_ms_per_token(e, prompt, n))
+    ffn = {k: statistics.median(r["ffn"] for r in v) for k, v in prof.items()}
+    attn = {k: statistics.median(r["attn"] for r in v) for k, v in prof.items()}
     return {
         "decode_tok_s": tok_s["var"],
         "decode_tok_s_ref": tok_s["ref"],
@@ -138,6 +144,9 @@ def measure_speed(
         "ffn_ms_per_token": ffn["var"],
         "ffn_ms_per_token_ref": ffn["ref"],
         "ffn_speedup": ffn["ref"] / ffn["var"],
+        "attn_ms_per_token": attn["var"],
+        "attn_ms_per_token_ref": attn["ref"],
+        "attn_speedup": attn["ref"] / attn["var"] if attn["var"] else float("nan"),
         "prompt_tokens": len(prompt),
         "gen_tokens": n,
         "repeats": cfg.repeats,
@@ -169,7 +178,9 @@ def evaluate(cfg: EvalConfig, model: Model | None = None, progress: bool = True)
             prompts = prompts_from_text(text, cfg.prompts)
             accuracy.update(greedy_agreement(_continuations(ref, prompts, cfg.continuation),
                                              _continuations(var, prompts, cfg.continuation)))  # fmt: skip
-        speed = measure_speed(ref, var, bos + ids[:16], cfg, progress) if cfg.speed_tokens > 1 else {}
+        speed_ids = ids if cfg.speed_prompt <= len(ids) else eval_tokens(tok, text, cfg.speed_prompt)
+        prompt = bos + speed_ids[: cfg.speed_prompt]
+        speed = measure_speed(ref, var, prompt, cfg, progress) if cfg.speed_tokens > 1 else {}
         if cfg.ffn_layer_repeats:
             from .ffn_ops import ffn_layer_times
 

@@ -82,12 +82,13 @@ def attention(
     head_dim: int,
     scale: float,
     window: int = 0,
+    mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal (optionally sliding-window) grouped-query attention.
 
     q: (T, n_heads*head_dim); keys/values: (S, n_kv_heads*head_dim) with their positions ``k_pos`` (S,).
-    A query at position p sees keys at positions k with k <= p and, with a window W, k > p - W.
-    Returns (T, n_heads*head_dim).
+    A query at position p sees keys at positions k with k <= p and, with a window W, k > p - W, and, with a
+    boolean ``mask`` (T, S), only where it is true (sparse attention variants). Returns (T, n_heads*head_dim).
     """
     t, s = q.shape[0], keys.shape[0]
     group = n_heads // n_kv_heads
@@ -98,6 +99,8 @@ def attention(
     visible = k_pos[None, :] <= q_pos[:, None]
     if window:
         visible &= k_pos[None, :] > q_pos[:, None] - window
+    if mask is not None:
+        visible &= mask
     scores = np.where(visible[None, None], scores, F32(-np.inf))
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)

@@ -8,7 +8,7 @@ from ..models.model import Model
 from ..quant.requant import requantize
 from ..quant.spec import parse_spec
 from ..quant.variant import VariantModel, make_variant
-from .attention import local_window
+from .attention import block_sparse, local_window
 from .ffn import sparsify_ffn
 from .nm import prune_weights
 from .spec import parse_sparsity
@@ -36,4 +36,6 @@ def build_variant(
         rewrites.append(partial(sparsify_ffn, spec=sspec.ffn))
     if sspec.attn_window:
         rewrites.append(partial(local_window, window=sspec.attn_window))
+    if sspec.attn_blocks is not None:
+        rewrites.append(partial(block_sparse, spec=sspec.attn_blocks))
     return make_variant(variant, rewrites=tuple(rewrites)) if rewrites else variant

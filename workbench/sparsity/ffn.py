@@ -8,6 +8,11 @@ kernel that reads only those does ``(1 - target)`` of their work. The subset:
 * ``stat``: Gemma 3n's statistical top-k: ``gate > mean(gate) + k * std(gate)`` over the token's gate
   pre-activations, ``k = Phi^-1(target)`` (a normal approximation of the top-k cutoff, no sort). Gemma 3n
   then subtracts the cutoff (its FFN was trained so); here the kept values are unchanged.
+
+A kernel reads the kept columns of ``ffn_down`` as rows of its transpose; ``down`` (``ffn-down=`` in the
+spec) says how that transpose is stored: ``fp32`` (the exact values), ``fp16``, or ``int8`` with one scale
+per column (:func:`down_columns`). The reference multiplies by those stored values, so a compact format is
+a re-quantization of ``ffn_down`` whose accuracy cost the evaluation measures.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 from ..ops import reference as ref
 from ..ops.graph import Graph, Op
 from ..ops.kinds import KINDS, Cost, OpKind, register_kind
-from ..quant.planar import matmul_input
+from ..quant.planar import dequantize_planes, matmul_input, parse_format, quantize
 from .spec import FfnSparsity
 
 KIND = "sparse_ffn"
@@ -45,10 +50,24 @@ def ffn_mask(gate: np.ndarray, act: np.ndarray, method: str, target: float) -> n
     raise ValueError(f"unknown FFN sparsity method {method!r}")
 
 
+def down_columns(down_w: np.ndarray, down: str) -> dict[str, np.ndarray]:
+    """The planes (:mod:`workbench.quant.planar`) of ``down_w.T`` (ffn, hidden) in format ``down``: row j holds
+    the weights that activation j contributes (fp32: exact; int8: one scale per row)."""
+    return quantize(np.ascontiguousarray(down_w.T), parse_format(down), "transposed ffn_down")
+
+
+def down_values(down_w: np.ndarray, down: str) -> np.ndarray:
+    """``down_w`` (hidden, ffn) as a sparse FFN stored as ``down`` multiplies by it."""
+    if down == "fp32":
+        return down_w
+    return np.ascontiguousarray(dequantize_planes(down_columns(down_w, down), parse_format(down)).T)
+
+
 def sparse_ffn(h: np.ndarray, gate_w, up_w, down_w, tensors, method: str, target: float) -> np.ndarray:
     """Reference semantics: the FFN with the dropped activations set to zero (dense arithmetic).
 
-    ``tensors`` are the three stored weights (for the activation rounding of ``+a8`` formats)."""
+    ``down_w`` as the op's ``down`` format stores it (:func:`down_values`); ``tensors`` are the three stored
+    weights (for the activation rounding of ``+a8`` formats)."""
     g = ref.matmul(matmul_input(tensors[0], h), gate_w)
     a = ref.gelu_tanh(g)
     mask = ffn_mask(g, a, method, target)
@@ -69,7 +88,8 @@ def _cost(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     )
     frac = kept / ffn
     flops = 2.0 * t * hidden * ffn + frac * 2.0 * t * (2 * hidden * ffn) + 10.0 * t * ffn
-    read = gate.nbytes + frac * (up.nbytes + down.nbytes) + 4 * t * hidden
+    down_bytes = ffn * parse_format(op.attrs.get("down", "fp32")).row_bytes(down.shape[0])
+    read = gate.nbytes + frac * (up.nbytes + down_bytes) + 4 * t * hidden
     return Cost(flops, read, 4.0 * t * hidden)
 
 
@@ -92,8 +112,8 @@ def sparsify_ffn(graph: Graph, spec: FfnSparsity) -> Graph:
             skip.update({up.name, act.name, down.name})
             ops.append(Op(f"{p}.ffn_sparse", KIND, op.inputs, down.outputs,
                           (op.weights[0], up.weights[0], down.weights[0]),
-                          {"method": spec.method, "target": spec.target}, layer))  # fmt: skip
+                          {"method": spec.method, "target": spec.target, "down": spec.down}, layer))  # fmt: skip
         else:
             ops.append(op)
     return Graph(graph.config, graph.n_tokens, graph.n_logits, ops, graph.tensors, graph.weights, graph.outputs,
-                 (*graph.rewrites, f"sparse_ffn:{spec.method}={spec.target}"))  # fmt: skip
+                 (*graph.rewrites, f"sparse_ffn:{spec.method}={spec.target},down={spec.down}"))  # fmt: skip

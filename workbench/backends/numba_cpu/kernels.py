@@ -136,8 +136,6 @@ def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, win
     ``q`` and ``out`` (n_heads*head_dim,); ``keys``/``vals`` (slots, n_kv_heads*head_dim); ``kpos`` the slots'
     positions (-1: empty). A slot is visible when ``0 <= kpos <= qpos`` and, with a window,
     ``kpos > qpos - window``. Each key and value row is read once for all query heads of its group (GQA)."""
-    n_kv = keys.shape[1] // head_dim
-    group = n_heads // n_kv
     seen = np.empty(n_slots, np.int64)
     n_seen = 0
     for s in range(n_slots):
@@ -145,6 +143,15 @@ def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, win
         if 0 <= p <= qpos and (window <= 0 or p > qpos - window):
             seen[n_seen] = s
             n_seen += 1
+    attend_slots(q, keys, vals, seen[:n_seen], n_heads, head_dim, scale, out)
+
+
+@njit(cache=True, fastmath=True)
+def attend_slots(q, keys, vals, seen, n_heads, head_dim, scale, out):  # pragma: no cover - compiled
+    """Attention of one query row over the cache slots ``seen`` (the visible ones, chosen by the caller)."""
+    n_kv = keys.shape[1] // head_dim
+    group = n_heads // n_kv
+    n_seen = seen.shape[0]
     probs = np.empty((group, n_seen), np.float32)
     acc = np.empty((group, head_dim), np.float32)
     for kh in range(n_kv):

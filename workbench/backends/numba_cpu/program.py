@@ -5,7 +5,8 @@ argument dispatch and fresh output arrays: milliseconds per token at 60-100 toke
 one-token step is lowered once per graph to a table (one row per op: opcode, tensor offsets in one float32
 arena, weight addresses in the GGUF mapping) that one numba function executes, calling the same kernels
 as the per-op handlers (parallel matvecs, norms, RoPE, attention over the KV cache in place). Lowering
-covers the fused kinds of a decode graph; a graph with any other op runs op by op, as before.
+covers the fused kinds of a decode graph, unfused norms and adds, and ``sparse_ffn`` (:mod:`.sparse`); a
+graph with any other op runs op by op, as before.
 
 With a profiler attached, the interpreter stamps the CPU cycle counter after each op, and each op is
 reported with its measured time (the counter is calibrated against ``time.perf_counter``).
@@ -27,6 +28,9 @@ from ...ops import reference as ref
 from ...ops.graph import Graph, Op
 from . import kernels as k
 from . import matvec as mv
+from . import sparse as sp
+from . import sparse_attention as sa
+from .addr import f32_ptr, i64_ptr
 
 if TYPE_CHECKING:
     from ..base import OpObserver, Step
@@ -35,9 +39,11 @@ if TYPE_CHECKING:
 njit = numba.njit
 
 EMBED, NORM_MATMUL, NORM_MATMUL_GELU, NORM_ROPE, ATTENTION, MATMUL_NORM_ADD = range(6)
+RMSNORM, ADD, SPARSE_FFN = range(6, 9)  # unfused norms and adds (around a sparse FFN), the sparse FFN
 # columns of an instruction row
 C_OP, C_IN, C_K, C_OUT, C_N, C_NORM, C_AUX, C_AUX2, C_NW, C_OUTS = range(10)  # C_OUTS..+2: matmul outputs
-N_COLS = C_OUTS + 3
+C_BLK = C_OUTS + 3  # block-sparse attention: block, sink, local, stride (block 0: dense)
+N_COLS = C_BLK + 4
 MAX_W = 3  # weights of one instruction (Q, K, V)
 # columns of the float parameters: eps, scale, window
 F_EPS, F_SCALE, F_WINDOW = range(3)
@@ -56,22 +62,6 @@ def _cycles(typingctx):
         return b.call(fn, [])
 
     return types.int64(), codegen
-
-
-@intrinsic
-def _f32_ptr(typingctx, addr):
-    def codegen(context, b, signature, args):
-        return b.inttoptr(args[0], ir.PointerType(ir.FloatType()))
-
-    return types.CPointer(types.float32)(addr), codegen
-
-
-@intrinsic
-def _i64_ptr(typingctx, addr):
-    def codegen(context, b, signature, args):
-        return b.inttoptr(args[0], ir.PointerType(ir.IntType(64)))
-
-    return types.CPointer(types.int64)(addr), codegen
 
 
 @njit(cache=True)
@@ -121,15 +111,27 @@ def run_program(
             layer, hd = c[C_AUX], c[C_AUX2]
             kd = c[C_NORM]  # k/v width (n_kv_heads * head_dim)
             cap, ring = kv[layer, KV_CAP], kv[layer, KV_RING]
-            keys = numba.carray(_f32_ptr(kv[layer, KV_KEYS]), (cap, kd))
-            vals = numba.carray(_f32_ptr(kv[layer, KV_VALS]), (cap, kd))
-            kpos = numba.carray(_i64_ptr(kv[layer, KV_POS]), (cap,))
+            keys = numba.carray(f32_ptr(kv[layer, KV_KEYS]), (cap, kd))
+            vals = numba.carray(f32_ptr(kv[layer, KV_VALS]), (cap, kd))
+            kpos = numba.carray(i64_ptr(kv[layer, KV_POS]), (cap,))
             slot = pos % ring if ring > 0 else pos
             keys[slot] = arena[c[C_OUTS] : c[C_OUTS] + kd]
             vals[slot] = arena[c[C_OUTS + 1] : c[C_OUTS + 1] + kd]
             kpos[slot] = pos
-            k.attend_one(x[0], keys, vals, kpos, min(cap, pos + 1), pos, kk // hd, hd, fp[i, F_SCALE],
-                         np.int64(fp[i, F_WINDOW]), out[0])  # fmt: skip
+            if c[C_BLK] > 0:
+                sa.attend_blocks_one(x[0], keys, vals, kpos, min(cap, pos + 1), ring, pos, kk // hd, hd,
+                                     fp[i, F_SCALE], np.int64(fp[i, F_WINDOW]), c[C_BLK : C_BLK + 4], out[0])  # fmt: skip
+            else:
+                k.attend_one(x[0], keys, vals, kpos, min(cap, pos + 1), pos, kk // hd, hd, fp[i, F_SCALE],
+                             np.int64(fp[i, F_WINDOW]), out[0])  # fmt: skip
+        elif op == RMSNORM:  # C_AUX: the group (row length for a plain norm)
+            k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX]], fp[i, F_EPS], c[C_AUX], out)
+        elif op == ADD:
+            k.add(x, _view(arena, c[C_AUX], kk), out)
+        elif op == SPARSE_FFN:  # C_AUX: gate scratch; C_AUX2: kept count (0: statistical, F_SCALE its z)
+            g = _view(arena, c[C_AUX], wts[i, 0, mv.W_ROWS])
+            _project(wts[i], 1, x, (g, g, g), levels, xq, xd, xs, rpt)
+            sp.kept_ffn(wts[i], g[0], c[C_AUX2], fp[i, F_SCALE], levels, x, xq, xd, xs, out[0], c[C_NW])
         else:
             nw = c[C_NW]
             o0 = _view(arena, c[C_OUTS], wts[i, 0, mv.W_ROWS])
@@ -165,7 +167,7 @@ class Program:
 
 
 LOWERED = {"embed", "rmsnorm_matmul", "rmsnorm_matmul_gelu", "rmsnorm_rope", "attention", "matmul_rmsnorm_add",
-           "gather_rows"}  # fmt: skip
+           "gather_rows", "rmsnorm", "add", "sparse_ffn", sa.KIND}  # fmt: skip
 
 
 class _Lowering:
@@ -248,12 +250,25 @@ def lower(b: CpuBackend, graph: Graph) -> Program | None:
             f[F_EPS] = norm.attrs["eps"]
             if len(b.norms[norm.weights[0]]) != rope.attrs["head_dim"]:
                 return None
-        elif kind == "attention":
+        elif kind in ("attention", sa.KIND):
             a = op.attrs
+            c[C_BLK : C_BLK + 4] = a.get("blocks", (0, 0, 0, 0))
             c[C_OP], c[C_AUX], c[C_AUX2] = ATTENTION, op.layer, a["head_dim"]
             c[C_NORM] = a["n_kv_heads"] * a["head_dim"]
             c[C_OUTS], c[C_OUTS + 1] = lw.tensor(src(op.inputs[1])), lw.tensor(src(op.inputs[2]))
             f[F_SCALE], f[F_WINDOW] = a["scale"], a.get("window", 0)
+        elif kind == "rmsnorm":
+            c[C_OP], c[C_NORM] = RMSNORM, lw.norm(op.weights[0])
+            c[C_AUX] = op.attr("group") or lw.cols(src(op.inputs[0]))
+            f[F_EPS] = op.attrs["eps"]
+        elif kind == "add":
+            c[C_OP], c[C_AUX] = ADD, lw.tensor(src(op.inputs[1]))
+        elif kind == "sparse_ffn":
+            c[C_OP], c[C_NW] = SPARSE_FFN, b.threads_used()  # C_NW: the threads its kernels split work over
+            lw.weights(wt, op.weights[:2])
+            wt[2] = sp.down_row(b, op)
+            c[C_AUX] = lw.tensor(op.name + ".gate", wt[0, mv.W_ROWS])
+            c[C_AUX2], f[F_SCALE] = sp.kept_rule(op, wt[0, mv.W_ROWS])
         elif kind == "matmul_rmsnorm_add":
             mat, norm, addop = op.attrs["parts"]
             c[C_OP], c[C_NW], c[C_NORM] = MATMUL_NORM_ADD, 1, lw.norm(norm.weights[0])

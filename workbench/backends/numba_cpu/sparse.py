@@ -3,11 +3,11 @@
 Per decode token: the gate projection in full (every activation must be ranked), the kept set of
 :func:`workbench.sparsity.ffn.ffn_mask` (:func:`select_kept`, the same rule compiled), then only the kept
 rows of ``ffn_up`` and the kept *columns* of ``ffn_down``. Up rows in GGUF blocks are read in place by the
-backend's own row kernels (:func:`up_rows_i16` / :func:`up_rows_f32`, same activation quantization as the
-dense matvec); planar up rows are gathered and multiplied by the planar kernels. Down columns come from a
-transposed float32 copy made once per layer (exact: the dequantized values; 5 MiB per 640x2048 layer),
-because a column of a row-major quantized matrix is spread over every row's blocks. Steps of many rows
-(prefill) compute the masked FFN densely (the masks differ per token).
+backend's own row kernels (same activation quantization as the dense matvec, the next rows prefetched);
+planar up rows are gathered and multiplied by the planar kernels. Down columns are rows of a transposed
+copy made once per layer in the op's ``down`` format (:mod:`.sparse_down`). One-token steps of GGUF
+models run this inside the compiled step program (:func:`kept_ffn` is its instruction); other steps call
+it op by op. Steps of many rows (prefill) compute the masked FFN densely (the masks differ per token).
 """
 
 from __future__ import annotations
@@ -21,210 +21,208 @@ from ..._numba import numba
 from ...ops import reference as ref
 from ...ops.graph import Op
 from ...quant.planar import PlanarTensor, fake_quant_rows_int8
-from ...sparsity.ffn import ffn_mask, kept_count
+from ...sparsity.ffn import down_values, ffn_mask, kept_count
 from ..base import Step
+from . import kernels as k
 from . import matvec as mv
-from .matvec import _rows_f32, _rows_i16
+from . import sparse_down as sd
+from .addr import prefetch
 from .qformats import PlanarWeight
+from .sparse_attention import HANDLERS as ATTENTION_HANDLERS
 
 if TYPE_CHECKING:
     from . import CpuBackend, CpuWeight
 
 njit, prange = numba.njit, numba.prange
 GELU_C = np.float32(np.sqrt(2.0 / np.pi))
-GGUF_FMTS = frozenset(int(t) for t in mv.QUANT_TYPES)  # CpuWeight.fmt of GGUF block formats
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def sum_columns(f, idx, wt, out):  # pragma: no cover - compiled
-    """out[c] = sum_j f[j] * wt[idx[j], c]: a matvec reading only rows ``idx`` of the transposed weight."""
-    n_out = wt.shape[1]
-    chunk = 64
-    for i in prange((n_out + chunk - 1) // chunk):
-        c0, c1 = i * chunk, min(n_out, (i + 1) * chunk)
-        acc = np.zeros(c1 - c0, np.float32)
-        for j in range(idx.shape[0]):
-            row = wt[idx[j]]
-            fj = f[j]
-            for c in range(c0, c1):
-                acc[c - c0] += fj * row[c]
-        out[c0:c1] = acc
+HIST_SHIFT = 19  # top-k histogram bins: the top 12 bits of a non-negative float (exponent + 3 mantissa bits)
 
 
 @njit(cache=True)
-def select_kept(g, a, stat, z, k):  # pragma: no cover - compiled
-    """Indices (increasing) a token keeps: ``stat``: g > mean + z * std; else the k largest |a|."""
-    n = g.shape[0]
-    if stat:
-        g64 = g.astype(np.float64)
-        mean = g64.mean()
-        cutoff = mean + np.sqrt(((g64 - mean) ** 2).mean()) * z
-        return np.flatnonzero(g64 > cutoff)
-    absa = np.abs(a)
-    thr = np.partition(absa, n - k)[n - k]
+def top_k(absa, k):  # pragma: no cover - compiled
+    """Indices (increasing) of the ``k`` largest of ``absa`` (>= 0), ties at the threshold: the first ones.
+
+    A radix step finds the bin of the k-th largest (non-negative floats order as their bits), then only
+    that bin's values are partitioned."""
+    n = absa.shape[0]
+    bits = absa.view(np.int32)
+    hist = np.zeros(1 << (31 - HIST_SHIFT), np.int64)
+    for i in range(n):
+        hist[bits[i] >> HIST_SHIFT] += 1
+    b, above = hist.shape[0] - 1, 0
+    while above + hist[b] < k:
+        above += hist[b]
+        b -= 1
+    cand = np.empty(hist[b], np.float32)
+    c = 0
+    for i in range(n):
+        if bits[i] >> HIST_SHIFT == b:
+            cand[c] = absa[i]
+            c += 1
+    r = k - above  # the r-th largest of the bin is the threshold
+    thr = np.partition(cand, c - r)[c - r]
     idx = np.empty(k, np.int64)
     m = 0
     for i in range(n):
         if absa[i] > thr:
             idx[m] = i
             m += 1
-    for i in range(n):  # ties at the threshold: the first ones, up to k
+    for i in range(n):
         if m < k and absa[i] == thr:
             idx[m] = i
             m += 1
     return np.sort(idx[:m])
 
 
-@njit(parallel=True, cache=True)
-def up_rows_i16(fmt, w, n_units, idx, xq, xd, xs, out):  # pragma: no cover - compiled
-    """out[0, j] = dot(row idx[j] of w, x) on GGUF blocks, x int16/int8-quantized per 32-block."""
-    for j in prange(idx.shape[0]):
-        _rows_i16(fmt, w, n_units, idx[j], idx[j] + 1, xq, xd, xs, out, j)
+@njit(cache=True)
+def select_kept(g, a, stat, z, k):  # pragma: no cover - compiled
+    """Indices (increasing) a token keeps: ``stat``: g > mean + z * std; else the k largest |a|."""
+    if stat:
+        g64 = g.astype(np.float64)
+        mean = g64.mean()
+        cutoff = mean + np.sqrt(((g64 - mean) ** 2).mean()) * z
+        return np.flatnonzero(g64 > cutoff)
+    return top_k(np.abs(a), k)
+
+
+@njit(cache=True, fastmath=True)
+def gelu(g, out):  # pragma: no cover - compiled
+    """gelu_tanh of each value (the vectorized tanh of :func:`.kernels.gelu_mul`)."""
+    for i in range(g.shape[0]):
+        v = g[i]
+        out[i] = (
+            np.float32(0.5)
+            * v
+            * (np.float32(1.0) + k.tanh_approx(GELU_C * (v + np.float32(0.044715) * v * v * v)))
+        )
 
 
 @njit(parallel=True, cache=True)
-def up_rows_f32(fmt, w, n_units, idx, x, xs, out):  # pragma: no cover - compiled
-    """:func:`up_rows_i16` with exact float32 activations."""
-    for j in prange(idx.shape[0]):
-        _rows_f32(fmt, w, n_units, idx[j], idx[j] + 1, x, xs, out, j)
+def up_rows(wrow, idx, levels, x, xq, xd, xs, out, parts):  # pragma: no cover - compiled
+    """``out[0, j] = dot(row idx[j], x)`` of the GGUF weight of table row ``wrow``, reading only those rows
+    (``parts`` runs of them, one per thread; the row after next prefetched); x quantized as the dense
+    matvec does."""
+    fmt, wa, rb, units = wrow[mv.W_FMT], wrow[mv.W_ADDR], wrow[mv.W_ROW_BYTES], wrow[mv.W_UNITS]
+    m = idx.shape[0]
+    per = (m + parts - 1) // parts
+    for p in prange(parts):
+        for j in range(p * per, min(m, (p + 1) * per)):
+            if j + 2 < m:
+                for off in range(0, rb, 64):
+                    prefetch(wa + idx[j + 2] * rb + off)
+            r = idx[j]
+            if levels:
+                mv._rows_i16_at(fmt, wa, rb, units, r, r + 1, xq, xd, xs, out, j)
+            else:
+                mv._rows_f32_at(fmt, wa, rb, units, r, r + 1, x, xs, out, j)
 
 
-def _up_kept(b: CpuBackend, w, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """The kept rows of ``ffn_up`` times ``x`` (1, hidden), reading only those rows."""
-    if isinstance(w, PlanarWeight) or w.fmt < 0:
-        return b.project_weights(x, [_rows_of(w, idx)])[0][0]
-    from . import ACT_QUANT
-
-    out = np.empty((1, len(idx)), np.float32)
-    levels = ACT_QUANT[b.act_quant]
-    xs = np.empty((1, x.shape[1] // 32), np.float32)
-    if levels:
-        xq, xd = np.empty(x.shape, np.int16), np.empty_like(xs)
-        mv.quantize_rows_i16(x, levels, xq, xd, xs)
-        up_rows_i16(w.fmt, w.data, w.n_units, idx, xq, xd, xs, out)
-    else:
-        mv.block_sums(x, xs)
-        up_rows_f32(w.fmt, w.data, w.n_units, idx, x, xs, out)
-    return out[0]
+@njit(cache=True)
+def kept_ffn(wt, g, k, z, levels, x, xq, xd, xs, out, parts):  # pragma: no cover - compiled
+    """The rest of one token's sparse FFN after its gate projection ``g``: GELU, the kept set (top-k when
+    ``k`` > 0, else statistical with ``z``), the kept up rows (table row 1, GGUF blocks; ``xq``/``xd``/``xs``
+    hold x quantized for the gate) and ``out = sum_j f_j * down column idx_j`` (table row 2, a column store);
+    ``parts``: the threads to split the rows and columns over."""
+    a = np.empty(g.shape[0], np.float32)
+    gelu(g, a)
+    idx = select_kept(g, a, k == 0, z, k)
+    u = np.empty((1, idx.shape[0]), np.float32)
+    up_rows(wt[1], idx, levels, x, xq, xd, xs, u, parts)
+    f = np.empty(idx.shape[0], np.float32)
+    for j in range(idx.shape[0]):
+        f[j] = a[idx[j]] * u[0, j]
+    sd.down_kept(wt[2], idx, f, out, parts)
 
 
-def _rows_of(w: CpuWeight | PlanarWeight, idx: np.ndarray):
-    """The weight restricted to rows ``idx`` (a gathered copy, multiplied by the same kernels)."""
+def kept_rule(op: Op, ffn: int) -> tuple[int, float]:
+    """``(k, z)`` of :func:`kept_ffn`: top-k keeps k; statistical top-k is k = 0 with cutoff factor z."""
+    target = op.attrs["target"]
+    if op.attrs["method"] == "stat":
+        return 0, NormalDist().inv_cdf(target)
+    return kept_count(ffn, target), 0.0
+
+
+def down_row(b: CpuBackend, op: Op) -> np.ndarray:
+    """The weight-table row of the op's transposed down store (made once per weight and format, kept by the
+    backend for as long as programs may read it)."""
+    name, fmt = op.weights[2], op.attrs.get("down", "fp32")
+    stores = b.__dict__.setdefault("sparse_down", {})
+    store = stores.get((name, fmt))
+    if store is None:
+        t = b.model.weights[name]
+        store = stores[(name, fmt)] = sd.column_store(t.dequantize().reshape(t.rows, t.cols), fmt)
+    return np.array(sd.table_row(store, fmt, b.model.weights[name].rows), np.int64)
+
+
+def _down_dense(b: CpuBackend, op: Op, f: np.ndarray, act8: bool) -> np.ndarray:
+    """``f @ down.T`` for many rows, with the values the op's down format stores (fp32: the weight itself)."""
+    name, fmt = op.weights[2], op.attrs.get("down", "fp32")
+    if fmt == "fp32":
+        return b.project(f, (name,))[0]
+    cache = b.__dict__.setdefault("sparse_down_values", {})
+    if (name, fmt) not in cache:
+        t = b.model.weights[name]
+        cache[(name, fmt)] = down_values(t.dequantize().reshape(t.rows, t.cols), fmt)
+    return (fake_quant_rows_int8(f) if act8 else f) @ cache[(name, fmt)].T
+
+
+def _weight_row(w: CpuWeight) -> tuple[int, int, int, int, int]:
+    return w.fmt, w.data.ctypes.data, w.data.shape[1], w.rows, w.n_units
+
+
+def _up_gathered(b: CpuBackend, w, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The kept rows of a planar or float ``ffn_up`` times ``x`` (1, hidden): those rows gathered, then
+    multiplied by the backend's kernels for the format."""
     if isinstance(w, PlanarWeight):
         t = w.tensor
         sub = PlanarTensor(
-            t.name + "[kept]", t.type, (len(idx), t.cols), {k: v[idx] for k, v in t.planes.items()}
+            t.name + "[kept]", t.type, (len(idx), t.cols), {n: v[idx] for n, v in t.planes.items()}
         )
-        return PlanarWeight(sub)
+        return b.project_weights(x, [PlanarWeight(sub)])[0][0]
     from . import CpuWeight
 
-    return CpuWeight(w.name + "[kept]", w.type, w.fmt, w.data[idx], w.n_units)
-
-
-def _down_t(b: CpuBackend, name: str) -> np.ndarray:
-    cache = b.__dict__.setdefault("sparse_down_t", {})
-    wt = cache.get(name)
-    if wt is None:
-        wt = cache[name] = np.ascontiguousarray(b.model.weights[name].dequantize().T, dtype=np.float32)
-    return wt
-
-
-@njit(parallel=True, cache=True)
-def sparse_ffn_token(
-    fg, wg, ug, fu, wu, uu, xq, xd, xs, x, levels, stat, z, k, wt, gbuf, out
-):  # pragma: no cover
-    """One decode token's sparse FFN on GGUF-block gate/up weights, in one call: the gate in full (tasks of
-    16 rows), GELU, the kept set, the kept up rows, and ``out[c] = sum_j f_j * wt[idx_j, c]``."""
-    n = wg.shape[0]
-    for i in prange((n + 15) // 16):
-        r0 = i * 16
-        if levels:
-            _rows_i16(fg, wg, ug, r0, min(n, r0 + 16), xq, xd, xs, gbuf, r0)
-        else:
-            _rows_f32(fg, wg, ug, r0, min(n, r0 + 16), x, xs, gbuf, r0)
-    g = gbuf[0]
-    a = np.empty(n, np.float32)
-    for i in range(n):
-        v = g[i]
-        a[i] = (
-            np.float32(0.5)
-            * v
-            * (np.float32(1.0) + np.tanh(GELU_C * (v + np.float32(0.044715) * (v * v * v))))
-        )
-    idx = select_kept(g, a, stat, z, k)
-    m = idx.shape[0]
-    u = np.empty((1, m), np.float32)
-    for j in prange(m):
-        if levels:
-            _rows_i16(fu, wu, uu, idx[j], idx[j] + 1, xq, xd, xs, u, j)
-        else:
-            _rows_f32(fu, wu, uu, idx[j], idx[j] + 1, x, xs, u, j)
-    f = np.empty(m, np.float32)
-    for j in range(m):
-        f[j] = a[idx[j]] * u[0, j]
-    n_out = wt.shape[1]
-    parts = numba.get_num_threads()  # one column range per thread: each kept row is read in long runs
-    width = ((n_out + parts - 1) // parts + 15) // 16 * 16
-    for i in prange((n_out + width - 1) // width):
-        c0, c1 = i * width, min(n_out, (i + 1) * width)
-        acc = np.zeros(c1 - c0, np.float32)
-        for j in range(m):
-            row = wt[idx[j], c0:c1]
-            fj = f[j]
-            for c in range(c1 - c0):
-                acc[c] += fj * row[c]
-        out[c0:c1] = acc
-
-
-def _fused_token(
-    b: CpuBackend, gw, uw, x: np.ndarray, stat: bool, z: float, k: int, wt: np.ndarray, out
-) -> None:
-    from . import ACT_QUANT
-
-    levels = ACT_QUANT[b.act_quant]
-    xs = np.empty((1, x.shape[1] // 32), np.float32)
-    xq, xd = np.empty(x.shape, np.int16), np.empty_like(xs)
-    if levels:
-        mv.quantize_rows_i16(x, levels, xq, xd, xs)
-    else:
-        mv.block_sums(x, xs)
-    gbuf = np.empty((1, gw.rows), np.float32)
-    sparse_ffn_token(gw.fmt, gw.data, gw.n_units, uw.fmt, uw.data, uw.n_units, xq, xd, xs, x, levels, stat, z, k,
-                     wt, gbuf, out)  # fmt: skip
+    return b.project_weights(x, [CpuWeight(w.name + "[kept]", w.type, w.fmt, w.data[idx], w.n_units)])[0][0]
 
 
 def _sparse_ffn(b: CpuBackend, op: Op, env: dict, step: Step) -> None:
     h = env[op.inputs[0]]
     gname, uname, dname = op.weights
-    method, target = op.attrs["method"], op.attrs["target"]
     gw, uw = b.weights[gname], b.weights[uname]
     down_fmt = getattr(b.weights[dname], "format", None)
     act8_down = down_fmt is not None and down_fmt.act8
     if h.shape[0] > b.gemv_max_rows:
         g = b.project(h, (gname,))[0]
         a = ref.gelu_tanh(g)
-        f = np.where(ffn_mask(g, a, method, target), a * b.project(h, (uname,))[0], np.float32(0.0))
-        env[op.outputs[0]] = b.project(f.astype(np.float32), (dname,))[0]
+        mask = ffn_mask(g, a, op.attrs["method"], op.attrs["target"])
+        f = np.where(mask, a * b.project(h, (uname,))[0], np.float32(0.0)).astype(np.float32)
+        env[op.outputs[0]] = _down_dense(b, op, f, act8_down)
         return
     out = np.empty((h.shape[0], b.weights[dname].rows), np.float32)
-    wt = _down_t(b, dname)
-    stat = method == "stat"
-    z = NormalDist().inv_cdf(target) if stat else 0.0
-    k = kept_count(gw.rows, target)
-    if gw.fmt in GGUF_FMTS and uw.fmt in GGUF_FMTS and not act8_down:
+    wt = np.zeros((3, 5), np.int64)
+    wt[2] = down_row(b, op)
+    k_, z = kept_rule(op, gw.rows)
+    g = b.project(h, (gname,))[0]
+    if gw.fmt in mv.QUANT_FMTS and uw.fmt in mv.QUANT_FMTS and not act8_down:
+        wt[1] = _weight_row(uw)
+        xs = np.empty((1, h.shape[1] // 32), np.float32)
+        xq, xd = np.empty((1, h.shape[1]), np.int16), np.empty_like(xs)
         for t in range(h.shape[0]):
-            _fused_token(b, gw, uw, h[t : t + 1], stat, z, k, wt, out[t])
+            x = h[t : t + 1]
+            if b.levels:
+                mv.quantize_rows_i16(x, b.levels, xq, xd, xs)
+            else:
+                mv.block_sums(x, xs)
+            kept_ffn(wt, g[t], k_, z, b.levels, x, xq, xd, xs, out[t], b.threads_used())
         env[op.outputs[0]] = out
         return
-    g = b.project(h, (gname,))[0]
     a = ref.gelu_tanh(g)
     for t in range(h.shape[0]):
-        idx = select_kept(g[t], a[t], stat, z, k)
-        f = (a[t, idx] * _up_kept(b, uw, h[t : t + 1], idx)).astype(np.float32)
+        idx = select_kept(g[t], a[t], k_ == 0, z, k_)
+        f = (a[t, idx] * _up_gathered(b, uw, h[t : t + 1], idx)).astype(np.float32)
         if act8_down:
             f = fake_quant_rows_int8(f[None, :])[0]
-        sum_columns(f, idx, wt, out[t])
+        sd.down_kept(wt[2], idx, f, out[t], b.threads_used())
     env[op.outputs[0]] = out
 
 
-HANDLERS = {"sparse_ffn": _sparse_ffn}
+HANDLERS = {"sparse_ffn": _sparse_ffn, **ATTENTION_HANDLERS}
