@@ -21,6 +21,7 @@ layout(constant_id = 1) const uint G = 1;     // query heads per KV head
 layout(constant_id = 2) const uint HD = 64;   // head dim
 layout(constant_id = 3) const uint SG = 32;   // subgroup size of the device
 layout(constant_id = 4) const uint SK = 64;   // keys per tile
+layout(constant_id = 5) const bool MULTI_SEQ = true;  // several sequences (caches) in this dispatch
 const uint NW = WG / SG;                      // subgroups per workgroup
 const uint QV = (HD / 4 + SG - 1) / SG;       // vec4s of a key row per lane
 const uint DPT = (HD + WG - 1) / WG;          // output dims per thread
@@ -44,7 +45,7 @@ shared bool last_split;
 void main() {
     uint tid = gl_LocalInvocationID.x, lane = gl_SubgroupInvocationID, warp = gl_SubgroupID;
     uint s = gl_WorkGroupID.x, kvh = gl_WorkGroupID.y, t = gl_WorkGroupID.z, tg = t + pc.t0;
-    uint p = p_pos(tg), cs = p_seq(tg);  // position, and which of binding 4's caches
+    uint p = p_pos(tg), cs = KV_SEQ(tg);  // position, and which of binding 4's caches
     uint lo = (pc.window > 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint begin = lo + s * pc.split_keys;
     uint end = min(p + 1u, begin + pc.split_keys);

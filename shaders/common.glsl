@@ -30,6 +30,9 @@ uint p_pos(uint t) { return params[4 + PARAM_STRIDE + t]; }
 uint p_row(uint r) { return params[4 + 2 * PARAM_STRIDE + r]; }
 uint p_result(uint r) { return 4 + 3 * PARAM_STRIDE + r; }  // word index of row r's sampled token
 uint p_seq(uint t) { return params[4 + 4 * PARAM_STRIDE + t]; }  // which of binding 4's caches row t uses
+// kernels that use the caches declare `const bool MULTI_SEQ` (a specialization constant: false when the dispatch
+// serves one sequence, which then needs no p_seq read)
+#define KV_SEQ(t) (MULTI_SEQ ? p_seq(t) : 0u)
 
 // tanh written so that it saturates cleanly for large |x| (no inf/inf)
 float safe_tanh(float x) { return 1.0 - 2.0 / (exp(2.0 * x) + 1.0); }

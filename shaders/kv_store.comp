@@ -6,6 +6,7 @@
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
+layout(constant_id = 1) const bool MULTI_SEQ = true;  // several sequences (caches) in this dispatch
 
 layout(push_constant) uniform PC {
     uint k_off, k_stride, v_off_act, v_stride;
@@ -17,7 +18,7 @@ void main() {
     uint i = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y + pc.t0;
     if (i >= pc.kv_dim) return;
     uint p = p_pos(t);
-    uint slot = pc.window > 0u ? p % pc.ring : p, s = p_seq(t);
+    uint slot = pc.window > 0u ? p % pc.ring : p, s = KV_SEQ(t);
     caches[s].v[slot * pc.kv_dim + i] = act[pc.k_off + t * pc.k_stride + i];
     caches[s].v[pc.v_off + slot * pc.kv_dim + i] = act[pc.v_off_act + t * pc.v_stride + i];
 }

@@ -9,6 +9,7 @@
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
+layout(constant_id = 1) const bool MULTI_SEQ = true;  // KV_OUT: several sequences (caches) in this dispatch
 
 layout(push_constant) uniform PC {
     uint x_off, x_stride, y_off, y_stride;
@@ -55,7 +56,7 @@ void main() {
     uint slot = pc.window > 0u ? p_pos(t) % pc.ring : p_pos(t);
     uint kb = slot * pc.kv_dim + g * pc.width;
     uint vs = pc.v_src + t * pc.v_stride + g * pc.width;
-    uint cs_ = p_seq(t);
+    uint cs_ = KV_SEQ(t);
     for (uint i = tid; i < pc.width; i += WG) caches[cs_].v[pc.v_off + kb + i] = act[vs + i];
 #define STORE(i, x) caches[cs_].v[kb + (i)] = (x)
 #else

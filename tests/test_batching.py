@@ -180,3 +180,27 @@ def test_scheduler_bad_input_and_back_pressure(tiny_model):
     while sched.has_work():
         sched.step()
     assert b.finish_reason == "length" and len(b.output_ids) == 3
+
+
+def test_decode_sweep_warms_each_size_for_the_asked_time(tiny_model, monkeypatch):
+    """Warm-up runs: at least ``warmups`` per size and ``warmup_s`` seconds; none with ``warmups=0``."""
+    import time
+
+    from workbench.bench import batching
+
+    calls: list[tuple[int, int]] = []
+
+    def fake(engine, prompts, gen):
+        calls.append((len(prompts), gen))
+        time.sleep(0.01)
+        return [0.01] * gen
+
+    monkeypatch.setattr(batching, "time_batched_decode", fake)
+    engine = wb.Engine(tiny_model, "numpy")
+    rows = batching.decode_sweep(engine, [1, 2], 4, 3, 1, warmups=1, warmup_s=0.05)
+    warm = calls[:-2]  # the last 2 calls are the measured repeats
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert sum(1 for b, _ in warm if b == 1) >= 4 and sum(1 for b, _ in warm if b == 2) >= 4
+    calls.clear()
+    batching.decode_sweep(engine, [1, 2], 4, 3, 1, warmups=0, warmup_s=10.0)
+    assert len(calls) == 2  # the repeats only

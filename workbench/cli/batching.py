@@ -35,7 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-tokens", "-p", type=positive_int, default=64)
     p.add_argument("--gen-tokens", "-g", type=positive_int, default=32)
     p.add_argument("--repeats", "-r", type=positive_int, default=5)
-    p.add_argument("--warmups", type=int, default=1)
+    p.add_argument("--warmups", type=int, default=1, help="short warm-up runs per batch size (0: none)")
+    p.add_argument("--warmup-seconds", type=float, default=2.0,
+                   help="warm each batch size up for at least this long (new GPU pipelines start slow)")  # fmt: skip
     p.add_argument("--prompt-lengths", type=_sizes, default=None,
                    help="also run requests end to end through the scheduler at these prompt lengths")  # fmt: skip
     p.add_argument("--no-record", action="store_true", help="do not write a run record")
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.repeats} repeats")  # fmt: skip
     try:
         rows = decode_sweep(engine, args.batch_sizes, args.prompt_tokens, args.gen_tokens, args.repeats,
-                            args.warmups, progress=log)  # fmt: skip
+                            args.warmups, progress=log, warmup_s=args.warmup_seconds)  # fmt: skip
         requests = (
             request_sweep(engine, args.batch_sizes, args.prompt_lengths, args.gen_tokens, progress=log)
             if args.prompt_lengths
