@@ -198,13 +198,22 @@ void main() {
     if (subgroupElect())
         [[unroll]] for (uint t = 0u; t < NT; ++t) red[t * gl_NumSubgroups + gl_SubgroupID] = ss[t];
     barrier();
+    float inv[NT];
     [[unroll]] for (uint t = 0u; t < NT; ++t) {
         float tot = 0.0;
         for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[t * gl_NumSubgroups + i];
-        float inv = 1.0 / sqrt(tot / float(pc.N) + pc.peps);
-        for (uint i = tid; i < pc.N; i += WG)
-            actc[pc.o_off + t * pc.o_stride + i] =
-                act[pc.r_off + t * pc.r_stride + i] + actc[pc.y_off + t * pc.y_stride + i] * inv * smalls[pc.pw_off + i];
+        inv[t] = 1.0 / sqrt(tot / float(pc.N) + pc.peps);
+    }
+    // every token's loads before any store: the arena's bindings alias, so a store would otherwise order the
+    // next token's loads after it (one memory round trip per token)
+    for (uint i = tid; i < pc.N; i += WG) {
+        float rv[NT], yv[NT];
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            rv[t] = act[pc.r_off + t * pc.r_stride + i];
+            yv[t] = actc[pc.y_off + t * pc.y_stride + i];
+        }
+        float pw = smalls[pc.pw_off + i];
+        [[unroll]] for (uint t = 0u; t < NT; ++t) actc[pc.o_off + t * pc.o_stride + i] = rv[t] + yv[t] * inv[t] * pw;
     }
 #endif
 }
