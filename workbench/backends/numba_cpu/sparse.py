@@ -39,39 +39,41 @@ HIST_SHIFT = 19  # top-k histogram bins: the top 12 bits of a non-negative float
 
 
 @njit(cache=True)
-def top_k(absa, k):  # pragma: no cover - compiled
-    """Indices (increasing) of the ``k`` largest of ``absa`` (>= 0), ties at the threshold: the first ones.
-
-    A radix step finds the bin of the k-th largest (non-negative floats order as their bits), then only
-    that bin's values are partitioned."""
-    n = absa.shape[0]
-    bits = absa.view(np.int32)
-    hist = np.zeros(1 << (31 - HIST_SHIFT), np.int64)
+def top_k(a, k):  # pragma: no cover - compiled
+    """Indices (increasing) of the ``k`` largest ``|a|`` (``a`` contiguous float32), ties at the threshold:
+    the first ones. A radix step finds the histogram bin of the k-th largest (non-negative floats order as
+    their bits), then only that bin's values are partitioned."""
+    n = a.shape[0]
+    bits = a.view(np.int32)
+    hist = np.zeros(1 << (31 - HIST_SHIFT), np.int32)
     for i in range(n):
-        hist[bits[i] >> HIST_SHIFT] += 1
+        hist[(bits[i] & 0x7FFFFFFF) >> HIST_SHIFT] += 1
     b, above = hist.shape[0] - 1, 0
     while above + hist[b] < k:
         above += hist[b]
         b -= 1
-    cand = np.empty(hist[b], np.float32)
+    cand = np.empty(hist[b], np.int32)
     c = 0
     for i in range(n):
-        if bits[i] >> HIST_SHIFT == b:
-            cand[c] = absa[i]
+        v = bits[i] & 0x7FFFFFFF
+        if v >> HIST_SHIFT == b:
+            cand[c] = v
             c += 1
-    r = k - above  # the r-th largest of the bin is the threshold
-    thr = np.partition(cand, c - r)[c - r]
+    thr = np.partition(cand, c - (k - above))[c - (k - above)]  # the (k - above)-th largest of the bin
+    ties = k - above
+    for j in range(c):
+        if cand[j] > thr:
+            ties -= 1
     idx = np.empty(k, np.int64)
     m = 0
     for i in range(n):
-        if absa[i] > thr:
+        v = bits[i] & 0x7FFFFFFF
+        if v > thr or (v == thr and ties > 0):
+            if v == thr:
+                ties -= 1
             idx[m] = i
             m += 1
-    for i in range(n):
-        if m < k and absa[i] == thr:
-            idx[m] = i
-            m += 1
-    return np.sort(idx[:m])
+    return idx
 
 
 @njit(cache=True)
@@ -82,12 +84,13 @@ def select_kept(g, a, stat, z, k):  # pragma: no cover - compiled
         mean = g64.mean()
         cutoff = mean + np.sqrt(((g64 - mean) ** 2).mean()) * z
         return np.flatnonzero(g64 > cutoff)
-    return top_k(np.abs(a), k)
+    return top_k(a, k)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, error_model="numpy")
 def gelu(g, out):  # pragma: no cover - compiled
-    """gelu_tanh of each value (the vectorized tanh of :func:`.kernels.gelu_mul`)."""
+    """gelu_tanh of each value (the tanh of :func:`.kernels.gelu_mul`; numpy's error model lets the division
+    vectorize)."""
     for i in range(g.shape[0]):
         v = g[i]
         out[i] = (
