@@ -11,7 +11,8 @@ import numpy as np
 
 from ..._numba import numba
 from ...quant.formats import GGMLType
-from .simd import DECODERS, make_dequant, make_dot_f32, make_dot_i16
+from .dot16 import make_dot_i16
+from .simd import DECODERS, make_dequant, make_dot_f32
 
 njit, prange = numba.njit, numba.prange
 

@@ -3,15 +3,15 @@
 numba's auto-vectorizer turns block-wise quantized dot products into scalar code or per-block horizontal
 reductions (DESIGN.md section 8). Here each GGUF block format has a *decoder* that turns the bytes of a
 block, read in place from the GGUF layout, into 32 signed 16-bit values plus a scale (and, for the
-k-quants, a min). Three *consumers* use the decoded blocks:
+k-quants, a min). These consumers use the decoded blocks:
 
-* ``i16``: activations quantized to int16 per 32-value block; ``(sext w) * (sext x)`` summed in pairs, a
-  pattern LLVM lowers to ``vpmaddwd``; block scales multiply a float vector accumulator kept across
-  blocks, reduced once per row.
 * ``f32``: exact float activations: values converted to float and multiplied in float (the exact path).
 * ``dequant``: values times scales (minus mins) stored as float32 (prefill dequantizes into a tile).
+* the batched kernels of :mod:`.rows`.
 
-LLVM picks the widest vectors the host has (AVX-512 here, AVX2 elsewhere).
+The int16-activation decode kernels (the default path) decode each format their own way (:mod:`.dot16`).
+
+LLVM picks the widest vectors the host has (AVX-512 or AVX2).
 """
 
 from __future__ import annotations
@@ -269,108 +269,6 @@ def _for_units(b, n_units, body, unroll: int = 2) -> None:
 
 
 # -- intrinsic factories -------------------------------------------------------------------------------
-SCALE_GROUP = 8  # blocks of a one-scale format (Q8_0, Q4_0, Q5_0) whose fp16 scales convert in one vcvtph2ps
-
-
-def _halves(b, v16: ir.Value) -> ir.Value:
-    """<16 x i32> pairwise sums of a 32-value block -> <8 x i32>: lane i adds lanes i and i + 8."""
-    lo = b.shuffle_vector(v16, v16, _const_vec(I32, range(8)))
-    hi = b.shuffle_vector(v16, v16, _const_vec(I32, range(8, 16)))
-    return b.add(lo, hi, flags=("nsw",))
-
-
-def _block_i16(b, blk: Decoded, x: ir.Value, scale: ir.Value | None, xd: ir.Value | None) -> ir.Value:
-    """<8 x float>: the block's int16 dot with ``x`` times its scale(s) (``scale`` given: the combined
-    weight x activation scale as a <8 x float> splat; else ``blk``'s scales times ``xd``)."""
-    p = _pmaddwd(b, blk.values, x)
-    if scale is None and blk.scale_hi is not blk.scale_lo:  # two scales (Q6_K): scale 16 lanes, then fold
-        lo, hi = b.fmul(blk.scale_lo, xd, flags=FAST), b.fmul(blk.scale_hi, xd, flags=FAST)
-        v = b.fmul(b.sitofp(p, vt(F32, 16)), _scale_vec(b, lo, hi, 16), flags=FAST)
-        return b.fadd(
-            b.shuffle_vector(v, v, _const_vec(I32, range(8))),
-            b.shuffle_vector(v, v, _const_vec(I32, range(8, 16))),
-            flags=FAST,
-        )
-    if scale is None:
-        scale = _splat(b, b.fmul(blk.scale_lo, xd, flags=FAST), 8)
-    return b.fmul(b.sitofp(_halves(b, p), vt(F32, 8)), scale, flags=FAST)
-
-
-def make_dot_i16(qtype: GGMLType):
-    """``dot(w_addr, xq_addr, xd_addr, xs_addr, n_units) -> float32`` for one row of ``qtype`` against int16
-    activations ``xq`` with per-block scales ``xd`` and per-block sums ``xs`` (float of sum(xq)).
-
-    One-scale formats take their blocks in groups of SCALE_GROUP: the group's fp16 scales are gathered into
-    one vector, converted and multiplied by the activation scales at once (scalar half conversions per
-    block cost more than the block's dot product)."""
-    code = DECODERS[qtype]
-    grouped = code.unit_values == 32
-    n_acc = 4
-
-    @intrinsic
-    def dot(typingctx, w, xq, xd, xs, n):
-        sig = types.float32(types.intp, types.intp, types.intp, types.intp, types.intp)
-
-        def codegen(context, b, signature, args):
-            w_a, xq_a, xd_a, xs_a, n_u = args
-            wp = _as_ptr(b, w_a, I8)
-            xqp, xdp, xsp = _as_ptr(b, xq_a, vt(I16, 32)), _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
-            zero = ir.Constant(vt(F32, 8), [0.0] * 8)
-            accv = [cgutils.alloca_once_value(b, zero) for _ in range(n_acc)]
-            accs = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
-
-            def add(slot: int, v: ir.Value) -> None:
-                acc = accv[slot % n_acc]
-                b.store(b.fadd(b.load(acc), v, flags=FAST), acc)
-
-            def body(u, slot):
-                base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
-                _prefetch(b, base, PREFETCH_AHEAD)
-                for j, blk in enumerate(code.decode(b, base, u)):
-                    x = b.load(b.gep(xqp, [blk.xblock]), align=2)
-                    xd = b.load(b.gep(xdp, [blk.xblock]))
-                    add(slot + j, _block_i16(b, blk, x, None, xd))
-                    if blk.min is not None:
-                        xs = b.load(b.gep(xsp, [blk.xblock]))
-                        corr = b.fmul(b.fmul(blk.min, xd, flags=FAST), xs, flags=FAST)
-                        b.store(b.fsub(b.load(accs), corr, flags=FAST), accs)
-
-            rest = ir.Constant(I64, 0)
-            if grouped:
-                n_groups = b.udiv(n_u, ir.Constant(I64, SCALE_GROUP))
-                with cgutils.for_range(b, n_groups) as loop:
-                    u0 = b.mul(loop.index, ir.Constant(I64, SCALE_GROUP))
-                    gbase = b.gep(wp, [b.mul(u0, ir.Constant(I64, code.unit_bytes))])
-                    bits = ir.Constant(vt(I16, SCALE_GROUP), [0] * SCALE_GROUP)
-                    for j in range(SCALE_GROUP):
-                        _prefetch(b, gbase, PREFETCH_AHEAD + j * code.unit_bytes)
-                        bits = b.insert_element(
-                            bits, _load(b, gbase, j * code.unit_bytes, I16), ir.Constant(I32, j)
-                        )
-                    dw = b.fpext(b.bitcast(bits, vt(HALF, SCALE_GROUP)), vt(F32, SCALE_GROUP))
-                    xdv = b.load(_as_ptr(b, b.ptrtoint(b.gep(xdp, [u0]), I64), vt(F32, SCALE_GROUP)), align=4)
-                    scales = b.fmul(dw, xdv, flags=FAST)
-                    for j in range(SCALE_GROUP):
-                        u = b.add(u0, ir.Constant(I64, j))
-                        (blk,) = code.decode(b, b.gep(gbase, [ir.Constant(I64, j * code.unit_bytes)]), u)
-                        x = b.load(b.gep(xqp, [u]), align=2)
-                        sv = b.shuffle_vector(scales, scales, _const_vec(I32, [j] * 8))
-                        add(j, _block_i16(b, blk, x, sv, None))
-                rest = b.mul(n_groups, ir.Constant(I64, SCALE_GROUP))
-            with cgutils.for_range_slice(b, rest, n_u, ir.Constant(I64, 1)) as (u, _):
-                body(u, 0)
-            total = b.fadd(
-                b.fadd(b.load(accv[0]), b.load(accv[1]), flags=FAST),
-                b.fadd(b.load(accv[2]), b.load(accv[3]), flags=FAST),
-                flags=FAST,
-            )
-            return b.fadd(_hsum(b, total), b.load(accs), flags=FAST)
-
-        return sig, codegen
-
-    return dot
-
-
 def make_dot_f32(qtype: GGMLType):
     """``dot(w_addr, x_addr, xs_addr, n_units) -> float32``: exact float activations ``x`` (xs: block sums)."""
     code = DECODERS[qtype]
