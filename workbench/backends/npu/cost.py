@@ -2,7 +2,8 @@
 
 Per launch: the XRT launch cost, then the array time. With double-buffered FIFOs (depth >= 2) compute,
 core streams, shim DMA and the DDR interface overlap, so the array time is the slowest of them plus the
-fill of the first tile; with single buffers compute and data movement add up.
+fill of the first tile; with single buffers compute and data movement add up (or the overlapped time, if
+that is longer: single buffering never helps).
 
 - compute: kernel calls per core x cycles per call / clock. A call costs its MACs / sustained MAC rate
   (the MAC tile per cycle, one column of it for GEMV and thin attention, one MAC per cycle on the scalar
@@ -108,10 +109,10 @@ def estimate(schedule: Schedule, array: AieArray, launches: int = 1) -> Estimate
     ddr = sum(t.nbytes for t in schedule.transfers) / array.ddr_bw
     fill = per_call / array.dma_channel_bw + call_cycles(schedule, array) / clock
     parts = {"compute": compute, "core streams": stream, "shim DMA": shim, "DDR interface": ddr}
-    if schedule.min_depth() >= 2:
-        bound = max(parts, key=parts.get)
-        array_s = parts[bound] + fill
-    else:
+    bound = max(parts, key=parts.get)
+    array_s = parts[bound] + fill
+    if schedule.min_depth() < 2 and compute + max(stream, shim, ddr) > array_s:
+        # single buffers: a core computes only once its data arrived (never faster than double-buffered)
         bound = "compute + data movement (single-buffered)"
         array_s = compute + max(stream, shim, ddr)
     launch = launches * array.launch_s
