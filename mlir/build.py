@@ -6,8 +6,9 @@
     python mlir/build.py --golden                 # rewrite mlir/golden/ (the designs tests compare against)
 
 Compiling follows mlir-aie's example Makefiles: the design prints MLIR (``aie.mlir``), the kernels compile
-with Peano's clang (``--target=aie2-none-unknown-elf``, tile sizes as -D defines), and ``aiecc.py`` links
-``final.xclbin`` + ``insts.bin``. Without the toolchain nothing is compiled and the manifest says so.
+with Peano's clang (``--target=aie2-none-unknown-elf``, the Makefiles' flags, tile sizes as ``DIM_*``
+defines), and ``aiecc.py`` (Peano, no Chess) links ``final.xclbin`` + ``insts.bin``. Without the toolchain
+nothing is compiled and the manifest says so.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules  # noqa: E402
 from workbench.models.config import preset  # noqa: E402
 
-KERNEL_SOURCES = {  # object file -> (source, relative to mlir-aie's aie_kernels/<arch> or mlir/kernels)
+KERNEL_SOURCES = {  # object file stem -> source (in mlir-aie's aie_kernels/<arch>, or mlir/kernels: ours)
     "mm": "mm.cc",
     "mv": "mv.cc",
     "rms_norm": "rms_norm.cc",
@@ -34,10 +36,15 @@ KERNEL_SOURCES = {  # object file -> (source, relative to mlir-aie's aie_kernels
     "softmax": "softmax.cc",
     "attention": "attention.cc",
 }
+OURS = ("attention",)
+# Peano flags of mlir-aie's programming_examples/makefile-common (PEANOWRAP2_FLAGS)
+PEANO_FLAGS = ["-O2", "-std=c++20", "-DNDEBUG", "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined",
+               "-Wno-empty-body"]  # fmt: skip
 
 
 def toolchain() -> dict:
-    """What of mlir-aie's toolchain is here: aiecc.py, the `aie` Python package, Peano's clang."""
+    """What of mlir-aie's toolchain is here: aiecc.py, the `aie` Python package, Peano's clang, and the
+    mlir-aie tree (``MLIR_AIE_DIR``: ``aie_kernels/`` sources and ``include/`` headers)."""
     found = {"aiecc.py": shutil.which("aiecc.py")}
     try:
         import aie  # noqa: F401
@@ -48,47 +55,76 @@ def toolchain() -> dict:
     peano = os.environ.get("PEANO_INSTALL_DIR")
     clang = Path(peano, "bin", "clang++") if peano else None
     found["peano clang++"] = str(clang) if clang and clang.exists() else None
+    tree = os.environ.get("MLIR_AIE_DIR")
+    found["MLIR_AIE_DIR (aie_kernels)"] = tree if tree and Path(tree, "aie_kernels").is_dir() else None
     return found
 
 
-def compile_design(folder: Path, schedule, tools: dict) -> str:
+def kernel_source(obj: str, target: str, tools: dict) -> Path:
+    """The C++ source of kernel object ``obj`` (``mm_64x64x32.o``, ``rms_norm.o``) for ``target``."""
+    stem = re.sub(r"_\d+(x\d+)*$", "", obj.removesuffix(".o"))
+    if stem not in KERNEL_SOURCES:
+        raise ValueError(f"no kernel source known for {obj} (known: {', '.join(KERNEL_SOURCES)})")
+    if stem in OURS:
+        return HERE / "kernels" / KERNEL_SOURCES[stem]
+    return Path(tools["MLIR_AIE_DIR (aie_kernels)"], "aie_kernels", target, KERNEL_SOURCES[stem])
+
+
+def kernel_defines(obj: str, schedule, attn_scale: float) -> list[str]:
+    """Compile-time parameters of one kernel object, as mlir-aie's Makefiles pass them (``DIM_M`` ...,
+    ``<in>_<out>_ONLY``, ``B_COL_MAJ``) and as ``mlir/kernels/attention.cc`` reads them."""
+    t, p = schedule.tile, schedule.problem
+    if obj.startswith("mm_"):
+        out = [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
+               f"-D{schedule.dtype_in}_{schedule.dtype_out}_ONLY"]  # fmt: skip
+        return out + (["-DB_COL_MAJ"] if schedule.notes.get("b_col_maj") else [])
+    if obj.startswith("mv_"):
+        return [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}"]
+    if obj == "attention.o":
+        rows = t["q_tile"] * p["n_heads"] // p["n_kv_heads"]
+        return [f"-DROWS={rows}", f"-DHEAD_DIM={p['head_dim']}", f"-DSCALE={attn_scale!r}f"]
+    return []
+
+
+def build_commands(schedule, tools: dict, attn_scale: float) -> list[list[str]]:
+    """The commands that build one design in its folder: kernels with Peano, then ``aiecc.py``
+    (``aie.mlir`` -> ``final.xclbin`` + ``insts.bin``), as mlir-aie's example Makefiles run them."""
+    target = "aie2p" if schedule.device == "npu2" else "aie2"
+    include = str(Path(tools["MLIR_AIE_DIR (aie_kernels)"], "include"))
+    cmds = [
+        [tools["peano clang++"], *PEANO_FLAGS, f"--target={target}-none-unknown-elf", "-I", include,
+         *kernel_defines(obj, schedule, attn_scale), "-c", str(kernel_source(obj, target, tools)), "-o", obj]
+        for obj in schedule.kernels
+        if obj.endswith(".o")
+    ]  # fmt: skip
+    peano = str(Path(tools["peano clang++"]).parents[1])
+    cmds.append(["aiecc.py", "--aie-generate-xclbin", "--no-compile-host", "--no-xchesscc", "--no-xbridge",
+                 "--peano", peano, "--xclbin-name=final.xclbin", "--aie-generate-npu-insts",
+                 "--npu-insts-name=insts.bin", "aie.mlir"])  # fmt: skip
+    return cmds
+
+
+def compile_design(folder: Path, schedule, tools: dict, attn_scale: float) -> str:
     """Build ``final.xclbin`` + ``insts.bin`` in ``folder``; returns a status line."""
     with open(folder / "aie.mlir", "w") as f:
         subprocess.run([sys.executable, "design.py"], cwd=folder, stdout=f, check=True)
-    target = "aie2p" if schedule.device == "npu2" else "aie2"
-    kernel_dir = Path(os.environ.get("MLIR_AIE_DIR", "")) / "aie_kernels" / target
-    defines = [f"-D{k.upper()}={v}" for k, v in schedule.tile.items() if k in ("m", "k", "n", "r", "s", "t")]
-    defines += [f"-DDIM_{k.upper()}={v}" for k, v in schedule.tile.items() if k in ("m", "k", "n")]
-    objects = [k for k in schedule.kernels if k.endswith(".o")]
-    for obj in objects:
-        stem = obj.split("_")[0].removesuffix(".o")
-        src = (
-            HERE / "kernels" / KERNEL_SOURCES[stem]
-            if stem == "attention"
-            else kernel_dir / KERNEL_SOURCES[stem]
-        )
-        cmd = [tools["peano clang++"], "-O2", "-std=c++20", f"--target={target}-none-unknown-elf", *defines,
-               "-c", str(src), "-o", str(folder / obj)]  # fmt: skip
+    for cmd in build_commands(schedule, tools, attn_scale):
         subprocess.run(cmd, cwd=folder, check=True)
-    subprocess.run(
-        [
-            "aiecc.py",
-            "--aie-generate-xclbin",
-            "--no-compile-host",
-            "--xclbin-name=final.xclbin",
-            "--aie-generate-npu-insts",
-            "--npu-insts-name=insts.bin",
-            "aie.mlir",
-        ],
-        cwd=folder,
-        check=True,
-    )
     return "compiled: final.xclbin + insts.bin"
+
+
+def _model(name: str) -> str:
+    try:
+        preset(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="gemma3-270m", help="model config preset (gemma3-270m ... gemma3-27b)")
+    ap.add_argument("--model", default="gemma3-270m", type=_model,
+                    help="model config preset (gemma3-270m ... gemma3-27b)")  # fmt: skip
     ap.add_argument("--device", default="npu1", choices=["npu1", "hawkpoint", "npu2"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "int8"])
     ap.add_argument("--prompt-tokens", type=int, default=64, help="prefill shape to build designs for")
@@ -104,7 +140,8 @@ def main(argv=None) -> int:
             (out / f"{design_name(s)}.py").write_text(design_source(s))
         print(f"wrote {len(golden_schedules())} golden designs to {out}")
         return 0
-    schedules = model_schedules(preset(args.model), args.device, args.dtype, args.prompt_tokens)
+    config = preset(args.model)
+    schedules = model_schedules(config, args.device, args.dtype, args.prompt_tokens)
     tools = toolchain()
     missing = [k for k, v in tools.items() if not v]
     out = Path(args.out)
@@ -124,8 +161,8 @@ def main(argv=None) -> int:
             status = "generated only: mlir-aie toolchain absent (" + ", ".join(missing) + ")"
         else:
             try:
-                status = compile_design(folder, s, tools)
-            except (subprocess.CalledProcessError, OSError) as e:
+                status = compile_design(folder, s, tools, config.attn_scale)
+            except (subprocess.CalledProcessError, OSError, ValueError) as e:
                 status = f"compile FAILED: {e}"
         manifest["designs"].append({"name": design_name(s), "folder": str(folder), "status": status})
         print(f"{design_name(s)}: {status}")
@@ -134,7 +171,7 @@ def main(argv=None) -> int:
         print(
             f"\nmlir-aie toolchain not found ({', '.join(missing)}): {len(schedules)} designs generated in {out}, "
             "none compiled. Install mlir-aie from its GitHub release wheels and set PEANO_INSTALL_DIR and "
-            "MLIR_AIE_DIR to build xclbins.",
+            "MLIR_AIE_DIR (a tree with aie_kernels/ and include/) to build xclbins.",
             file=sys.stderr,
         )
         return 2 if args.require_compile else 0

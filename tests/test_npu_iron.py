@@ -194,3 +194,86 @@ def test_build_script_generates_and_says_nothing_compiled(tmp_path, capsys):
     assert not list(tmp_path.rglob("*.xclbin"))
     assert "none compiled" in capsys.readouterr().err
     assert build.main(["--out", str(tmp_path), "--require-compile"]) == 2
+
+
+def _build_module():
+    sys.path.insert(0, str(ROOT / "mlir"))
+    try:
+        import build
+    finally:
+        sys.path.pop(0)
+    return build
+
+
+FAKE_TOOLS = {
+    "aiecc.py": "/opt/mlir-aie/bin/aiecc.py",
+    "aie (IRON)": "importable",
+    "peano clang++": "/opt/peano/bin/clang++",
+    "MLIR_AIE_DIR (aie_kernels)": "/opt/mlir-aie",
+}
+
+
+@pytest.mark.parametrize("device,dtype", [("npu1", "bf16"), ("npu2", "int8")])
+def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
+    """Each kernel compiles from its real source with mlir-aie's defines (no single-letter macros, which
+    would clash with the kernels' template parameters), and aiecc.py links with Peano, not Chess."""
+    build = _build_module()
+    cfg = preset("gemma3-270m")
+    for s in model_schedules(cfg, device, dtype, 16):
+        *kernels, link = build.build_commands(s, FAKE_TOOLS, cfg.attn_scale)
+        assert [c[-1] for c in kernels] == [k for k in s.kernels if k.endswith(".o")]
+        for cmd in kernels:
+            src = Path(cmd[cmd.index("-c") + 1])
+            target = "aie2p" if device == "npu2" else "aie2"
+            assert f"--target={target}-none-unknown-elf" in cmd and "/opt/mlir-aie/include" in cmd
+            assert src.name in build.KERNEL_SOURCES.values()
+            if src.name == "attention.cc":
+                assert src.exists()
+                p = s.problem
+                rows = s.tile["q_tile"] * p["n_heads"] // p["n_kv_heads"]
+                assert {
+                    f"-DROWS={rows}",
+                    f"-DHEAD_DIM={p['head_dim']}",
+                    f"-DSCALE={cfg.attn_scale!r}f",
+                } <= set(cmd)
+            else:
+                assert src.parent == Path("/opt/mlir-aie/aie_kernels", target)
+            defines = [a for a in cmd if a.startswith("-D") and a != "-DNDEBUG"]
+            assert all(len(d.split("=")[0]) > 3 for d in defines), defines
+            if src.name == "mm.cc":
+                t = s.tile
+                want = {f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
+                        f"-D{s.dtype_in}_{s.dtype_out}_ONLY", "-DB_COL_MAJ"}  # fmt: skip
+                assert set(defines) == want
+            if src.name == "mv.cc":
+                assert set(defines) == {f"-DDIM_M={s.tile['m']}", f"-DDIM_K={s.tile['k']}"}
+        assert link[0] == "aiecc.py" and {"--no-xchesscc", "--no-xbridge"} <= set(link)
+        assert link[link.index("--peano") + 1] == "/opt/peano" and link[-1] == "aie.mlir"
+
+
+def test_build_with_a_toolchain_runs_every_design_step(tmp_path, monkeypatch):
+    """With a (stand-in) toolchain, main() runs design.py, the kernel compiles and aiecc.py per design."""
+    build = _build_module()
+    ran = []
+
+    def fake_run(cmd, cwd=None, check=False, stdout=None, **kw):
+        ran.append((Path(cwd).name, cmd))
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(build, "toolchain", lambda: dict(FAKE_TOOLS))
+    monkeypatch.setattr(build.subprocess, "run", fake_run)
+    assert build.main(["--out", str(tmp_path), "--prompt-tokens", "16"]) == 0
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["designs"] and all(d["status"].startswith("compiled") for d in manifest["designs"])
+    for d in manifest["designs"]:
+        steps = [cmd for folder, cmd in ran if folder == d["name"]]
+        assert steps[0][1] == "design.py" and steps[-1][0] == "aiecc.py" and len(steps) >= 3
+
+
+def test_build_rejects_unknown_models_and_kernels(capsys):
+    build = _build_module()
+    with pytest.raises(SystemExit):
+        build.main(["--model", "gemma9"])
+    assert "unknown model config 'gemma9'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"no kernel source known for conv_3x3\.o"):
+        build.kernel_source("conv_3x3.o", "aie2", FAKE_TOOLS)

@@ -11,6 +11,7 @@ from workbench.backends.npu.schedule import (
     ScheduleError,
     attention_schedule,
     gemm_schedule,
+    gemv_schedule,
     plan_attention,
     plan_gemm,
     plan_gemv,
@@ -99,3 +100,41 @@ def test_cost_model_scales_sensibly():
     assert big.bound in ("shim DMA", "DDR interface") and big.how.startswith("emulated")
     # one W stream per shim column: its channel saturates before the DDR interface
     assert big.compute_s < big.ddr_s <= big.shim_s
+
+
+@pytest.mark.parametrize("device", ["npu1", "npu2"])
+@pytest.mark.parametrize("shape", [(1, 640, 1024), (16, 640, 2048), (7, 2048, 640), (64, 5376, 21504)])
+@pytest.mark.parametrize("dtype", ["bf16", "i8"])
+def test_gemm_tiles_fit_mm_cc_expansion(device, shape, dtype):
+    """mm.cc computes 2 x 2 MAC tiles per step: m % 2r == 0 and n % 2t == 0 (static_assert in the kernel)."""
+    a = get_array(device)
+    g = plan_gemm(a, *shape, dtype)
+    r, s_, t = a.mac_tile(dtype)
+    assert g.tile["m"] % (2 * r) == 0 and g.tile["k"] % s_ == 0 and g.tile["n"] % (2 * t) == 0
+    assert g.kernels[0] == f"matmul_{dtype}_{g.dtype_out}"  # mm.cc's symbol; B's layout is a -D define
+
+
+def test_gemm_rejects_tiles_mm_cc_cannot_run():
+    a = get_array("npu1")
+    with pytest.raises(ScheduleError, match=r"mm\.cc needs m and n multiples"):
+        gemm_schedule(a, 16, 640, 2048, "bf16", 4, 128, 16, 4, 4)  # m = r: no 2 x 2 expansion
+    assert plan_gemm(a, 16, 640, 2048).tile["M_pad"] == 16  # fewer core rows rather than padded rows
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a, d: gemm_schedule(a, 512, 512, 512, "bf16", 64, 64, 32, 4, 4, depth=d),
+        lambda a, d: gemm_schedule(a, 256, 256, 256, "i16", 32, 32, 32, 1, 1, dtype_out="i32", depth=d),
+        lambda a, d: gemv_schedule(a, 2048, 640, "bf16", 32, 640, 4, 4, depth=d),
+        lambda a, d: gemv_schedule(a, 288, 288, "i16", 32, 32, 1, 1, depth=d, vectorized=False),
+    ],
+)
+def test_single_buffering_is_never_faster(make):
+    a = get_array("npu1")
+    single, double = estimate(make(a, 1), a), estimate(make(a, 2), a)
+    assert single.array_s >= double.array_s
+    if single.bound.endswith("(single-buffered)"):
+        assert single.array_s == pytest.approx(
+            single.compute_s + max(single.stream_s, single.shim_s, single.ddr_s)
+        )

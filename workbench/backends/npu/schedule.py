@@ -23,6 +23,9 @@ from .arch import DTYPE_BYTES, MAX_BURST_BYTES, AieArray
 OPS = ("gemm", "gemv", "rmsnorm", "softmax", "attention")
 # accumulator / output dtype of each input dtype (bf16 -> fp32; int8 -> int32 acc, shift-round-saturate to int16)
 OUT_DTYPE = {"bf16": "f32", "i8": "i16", "i16": "i32"}
+# mm.cc's kernels compute a 2 x 2 block of MAC tiles per inner step (static_assert m % 2r, n % 2t; some
+# releases' int8 kernels expand m 4 times: check the release you build with)
+MM_EXPAND = 2
 
 
 class ScheduleError(ValueError):
@@ -214,8 +217,11 @@ def gemm_schedule(
     was repacked at load time in tile order, so every B tile is one contiguous run."""
     r, s, t = array.mac_tile(dtype)
     out = dtype_out or OUT_DTYPE[dtype]
-    if m % r or k % s or n % t:
-        raise ScheduleError(f"gemm tile {m}x{k}x{n} is not a multiple of the {dtype} MAC tile {r}x{s}x{t}")
+    if m % (MM_EXPAND * r) or k % s or n % (MM_EXPAND * t):
+        raise ScheduleError(
+            f"gemm tile {m}x{k}x{n}: mm.cc needs m and n multiples of {MM_EXPAND}x the {dtype} MAC tile "
+            f"{r}x{s}x{t} (m % {MM_EXPAND * r}, k % {s}, n % {MM_EXPAND * t})"
+        )
     if K % k:
         raise ScheduleError(f"gemm: K={K} is not a multiple of k={k}")
     mp, np_ = ceil_to(M, m * rows), ceil_to(N, n * columns)
@@ -243,8 +249,8 @@ def gemm_schedule(
         "gemm", array.key, dtype, out, {"M": M, "K": K, "N": N},
         {"m": m, "k": k, "n": n, "r": r, "s": s, "t": t, "M_pad": mp, "N_pad": np_},
         columns, rows, fifos, transfers, tiles * (K // k), m * k * n, "matrix", 0,
-        (f"matmul_{dtype}_{out}" + ("_b_col_maj" if b_col_maj else ""), f"zero_{out}", f"mm_{m}x{k}x{n}.o"),
-        blocks_per_call=-(-m // (2 * r)) * -(-n // (2 * t)),
+        (f"matmul_{dtype}_{out}", f"zero_{out}", f"mm_{m}x{k}x{n}.o"),
+        blocks_per_call=(m // (MM_EXPAND * r)) * (n // (MM_EXPAND * t)),
         notes={"b_col_maj": b_col_maj, "pretiled_b": pretiled_b, "tiles_per_core": tiles},
     )  # fmt: skip
 
@@ -252,19 +258,22 @@ def gemm_schedule(
 @lru_cache(maxsize=4096)
 def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> Schedule:
     r, s, t = array.mac_tile(dtype)
+    mr, nt = MM_EXPAND * r, MM_EXPAND * t
     cands = []
     for m in sorted(
-        {x for x in (64, 32, 16, 8, 4) if x % r == 0 and x <= max(r, ceil_to(M, r))}, reverse=True
+        {x for x in (64, 32, 16, 8) if x % mr == 0 and x <= max(mr, ceil_to(M, mr))}, reverse=True
     ):
         for k in (512, 256, 128, 64, 32):
             if K % k or k % s:
                 continue
             for n in (64, 32, 16):
-                if n % t:
+                if n % nt:
                     continue
                 for cols in sorted({1, 2, array.columns}):
-                    rows = array.rows if m < M else 1
-                    cands.append(gemm_schedule(array, M, K, N, dtype, m, k, n, cols, rows, pretiled_b=True))
+                    for rows in sorted({min(array.rows, -(-M // m)), array.rows if m < M else 1}):
+                        cands.append(
+                            gemm_schedule(array, M, K, N, dtype, m, k, n, cols, rows, pretiled_b=True)
+                        )
     return _best(cands, array, f"gemm {M}x{K}x{N} {dtype}")
 
 
