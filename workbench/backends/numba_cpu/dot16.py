@@ -1,21 +1,23 @@
 """Decode dot products of GGUF blocks with int16 activations (the decode matvec's hot loop), per format.
 
-Activations are quantized per 32-value block to int16 (:func:`.matvec.quantize_rows_i16`). Each weight
-block is decoded to bytes at 128-bit width, widened to two vectors of 16 words (``vpmovsxbw`` /
-``vpmovzxbw``, from memory where the bytes are stored as they are used), multiplied with ``vpmaddwd``
-(16 word pairs -> 8 x i32), converted to float once and FMA'd with the block's combined scale (weight
-scale x activation scale) into float accumulators kept across the row; one horizontal sum per row.
+Activations are quantized per 32-value block to int16 (:func:`.matvec.quantize_rows_i16`). Weight bytes
+are widened to words 8 at a time (``vpmovsxbw`` / ``vpmovzxbw`` from memory) or built as words by byte
+unpacks, multiplied with ``vpmaddwd`` (8 word pairs -> 4 x i32), summed per block, converted to float
+once and FMA'd with the block's combined scale (weight scale x activation scale) into float accumulators
+kept across the row; one horizontal sum per row.
 
-On Zen1 (AVX2, each 256-bit operation two micro-ops) the count of micro-ops per block sets the speed:
-measured with hand-written loops on this machine, a Q8_0 block costs ~6.8 cycles this way and ~6.9 with
-llama.cpp's int8 ``vpmaddubsw`` path, so int16 activations (more accurate) cost nothing extra. Tricks that
-save micro-ops:
+All vectors are 128 bits wide. On Zen1 (AVX2, 256-bit operations split in two) that is faster: measured
+with hand-written loops on this machine, a Q8_0 block takes 5.8 cycles at 128 bits against 6.8-7.0 in
+256-bit forms (and 6.9 for llama.cpp's int8 ``vpmaddubsw`` form, so int16 activations, the more accurate
+ones, cost nothing extra); through the kernels (one thread, rows in L2), per block: Q8_0 7.5 -> 6.5,
+Q4_K 9.8 -> 8.3, Q6_K 14.0 -> 11.9 cycles against the previous 256-bit code. Tricks that save operations:
 
-* nibbles are masked in place after widening where possible: ``word & 0x0F`` is the low nibble,
-  ``word & 0xF0`` sixteen times the high one; the factor 16 goes into the float scale (exact);
-* Q5_0 builds signed bytes in one step (ggml's trick): ``nibble | (bit ? 0 : 0xF0)`` is value - 16;
-* constant offsets that would cost an operation per byte (Q4_0: 8) are subtracted once per block as
-  ``offset x scale x sum(x)`` (``xs``: per-block sums of the int16 activations).
+* nibbles are masked in place after widening: ``word & 0x0F`` is the low nibble, ``word & 0xF0`` sixteen
+  times the high one; the factor 16 goes into the float scale (exact);
+* Q5_0 builds its words ``16 x (value - 16)`` by unpacking bytes: 16 x the nibble as the low byte, -1 or 0
+  (the inverted fifth bit) as the high byte;
+* constant offsets (Q4_0: 8) are subtracted once per block as ``offset x scale x sum(x)`` (``xs``: per-block
+  sums of the int16 activations), as are the k-quants' mins.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .simd import (
 )
 
 ACCS = 2  # float accumulators per row (independent FMA chains)
+LANES = 4  # float lanes of an accumulator
 PREFETCH_AHEAD = 2048  # bytes of the weight stream prefetched ahead (measured: 1-4 KB alike, none 20% slower)
 
 
@@ -55,20 +58,24 @@ def _bytes(v: int, n: int = 16) -> ir.Constant:
     return _const_vec(I8, [v if v < 128 else v - 256] * n)
 
 
-def _words(v: int) -> ir.Constant:
-    return _const_vec(I16, [v] * 16)
+def _wide(b: ir.IRBuilder, v: ir.Value, signed: bool) -> ir.Value:
+    return (b.sext if signed else b.zext)(v, vt(I16, 8))
 
 
 def _madd(b: ir.IRBuilder, w: ir.Value, x: ir.Value) -> ir.Value:
-    """<8 x i32> pair sums of two <16 x i16> products (lowered to vpmaddwd)."""
-    m = b.mul(b.sext(w, vt(I32, 16)), b.sext(x, vt(I32, 16)), flags=("nsw",))
-    even = b.shuffle_vector(m, m, _const_vec(I32, range(0, 16, 2)))
-    odd = b.shuffle_vector(m, m, _const_vec(I32, range(1, 16, 2)))
+    """<4 x i32> pair sums of two <8 x i16> products (lowered to vpmaddwd)."""
+    m = b.mul(b.sext(w, vt(I32, 8)), b.sext(x, vt(I32, 8)), flags=("nsw",))
+    even = b.shuffle_vector(m, m, _const_vec(I32, range(0, 8, 2)))
+    odd = b.shuffle_vector(m, m, _const_vec(I32, range(1, 8, 2)))
     return b.add(even, odd, flags=("nsw",))
 
 
-def _wide(b: ir.IRBuilder, v: ir.Value, signed: bool) -> ir.Value:
-    return (b.sext if signed else b.zext)(v, vt(I16, 16))
+def _sum(b: ir.IRBuilder, vals: list[ir.Value]) -> ir.Value:
+    """Pairwise sum of integer vectors (a balanced tree: short dependency chains)."""
+    while len(vals) > 1:
+        vals = [b.add(vals[i], vals[i + 1], flags=("nsw",)) if i + 1 < len(vals) else vals[i]
+                for i in range(0, len(vals), 2)]  # fmt: skip
+    return vals[0]
 
 
 def _resize(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
@@ -85,64 +92,41 @@ def _resize(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
     return v
 
 
-def _halves(b: ir.IRBuilder, v: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """The two <16 x i8> halves of a <32 x i8>."""
-    return (
-        b.shuffle_vector(v, v, _const_vec(I32, range(16))),
-        b.shuffle_vector(v, v, _const_vec(I32, range(16, 32))),
-    )
-
-
 class _Row:
     """Codegen state of one row's dot product: the pointers, accumulators and helpers the bodies share."""
 
-    def __init__(self, b: ir.IRBuilder, args, corr: bool, lanes: int):
+    def __init__(self, b: ir.IRBuilder, args, corr: bool):
         w_a, xq_a, xd_a, xs_a, self.n = args
-        self.b, self.lanes = b, lanes
+        self.b = b
         self.w = _as_ptr(b, w_a, I8)
-        self.xq = _as_ptr(b, xq_a, vt(I16, 16))  # two vectors per 32-value block
-        self.xq8 = _as_ptr(b, xq_a, vt(I16, 8))  # four
+        self.xq = _as_ptr(b, xq_a, vt(I16, 8))  # four vectors per 32-value block
         self.xd, self.xs = _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
-        zero = ir.Constant(vt(F32, lanes), [0.0] * lanes)
+        zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
         self.acc = [cgutils.alloca_once_value(b, zero) for _ in range(ACCS)]
         # offsets and mins, subtracted at the end
         self.corr = cgutils.alloca_once_value(b, zero) if corr else None
 
-    def x(self, block: ir.Value, half: int) -> ir.Value:
-        """Activation words 16 half .. 16 half + 15 of 32-value ``block``."""
-        idx = self.b.add(self.b.mul(block, ir.Constant(I64, 2)), ir.Constant(I64, half))
-        return self.b.load(self.b.gep(self.xq, [idx]), align=2)
-
-    def x8(self, block: ir.Value, quarter: int) -> ir.Value:
+    def x(self, block: ir.Value, quarter: int) -> ir.Value:
         """Activation words 8 quarter .. 8 quarter + 7 of 32-value ``block``."""
         idx = self.b.add(self.b.mul(block, ir.Constant(I64, 4)), ir.Constant(I64, quarter))
-        return self.b.load(self.b.gep(self.xq8, [idx]), align=2)
-
-    def dot(self, block: ir.Value, w0: ir.Value, w1: ir.Value) -> ir.Value:
-        """<8 x i32>: a 32-value block's words against its activations."""
-        b = self.b
-        return b.add(_madd(b, w0, self.x(block, 0)), _madd(b, w1, self.x(block, 1)), flags=("nsw",))
+        return self.b.load(self.b.gep(self.xq, [idx]), align=2)
 
     def vec8(self, p: ir.Value, u: ir.Value) -> ir.Value:
         """<8 x float> at ``p[u]`` (xd or xs of 8 blocks)."""
         return self.b.load(self.b.bitcast(self.b.gep(p, [u]), ptr(vt(F32, 8))), align=4)
 
     def add(self, slot: int, p: ir.Value, scale: ir.Value) -> None:
-        """acc += float(p) * scale (one FMA; ``scale`` a float, splatted; p has the accumulators' lanes)."""
-        b, acc, n = self.b, self.acc[slot % ACCS], self.lanes
-        term = b.fmul(b.sitofp(p, vt(F32, n)), _splat(b, scale, n), flags=FAST)
+        """acc += float(p) * scale (one FMA; ``p`` <4 x i32>, ``scale`` a float, splatted)."""
+        b, acc = self.b, self.acc[slot % ACCS]
+        term = b.fmul(b.sitofp(p, vt(F32, LANES)), _splat(b, scale, LANES), flags=FAST)
         b.store(b.fadd(b.load(acc), term, flags=FAST), acc)
 
     def sub(self, v: ir.Value) -> None:
-        """Subtract the lanes of <8 x float> ``v`` from the result."""
-        self.b.store(self.b.fadd(self.b.load(self.corr), v, flags=FAST), self.corr)
-
-    def sub1(self, v: ir.Value) -> None:
-        self.sub(
-            self.b.insert_element(
-                ir.Constant(vt(F32, self.lanes), [0.0] * self.lanes), v, ir.Constant(I32, 0)
-            )
-        )
+        """Subtract the lanes of float vector or scalar ``v`` from the result."""
+        b = self.b
+        if not isinstance(v.type, ir.VectorType):
+            v = b.insert_element(ir.Constant(vt(F32, 1), [0.0]), v, ir.Constant(I32, 0))
+        b.store(b.fadd(b.load(self.corr), _resize(b, v, LANES), flags=FAST), self.corr)
 
     def result(self) -> ir.Value:
         b = self.b
@@ -155,23 +139,25 @@ class _Row:
 
 
 # -- one-scale 32-value blocks: Q8_0, Q4_0, Q5_0 ------------------------------------------------------
-def _fold(b: ir.IRBuilder, p: ir.Value) -> ir.Value:
-    """<8 x i32> -> <4 x i32>: lanes i + lanes i + 4 (an extract and an add instead of a 256-bit
-    conversion and FMA: fewer micro-ops on Zen1)."""
-    return b.add(b.shuffle_vector(p, p, _const_vec(I32, range(4))), b.shuffle_vector(p, p, _const_vec(I32, range(4, 8))),
-                 flags=("nsw",))  # fmt: skip
-
-
 def _q8_0_block(r: _Row, base, u) -> ir.Value:
+    """Four 8-byte quarters widened by vpmovsxbw from memory, all at 128 bits (on Zen1 fewer cycles than
+    the 256-bit form: measured 5.8 against 6.8-7.0 cycles per block in hand-written loops)."""
     b = r.b
-    w0, w1 = (_wide(b, _load(b, base, off, vt(I8, 16)), True) for off in (2, 18))
-    return _fold(b, r.dot(u, w0, w1))
+    return _sum(
+        b, [_madd(b, _wide(b, _load(b, base, 2 + 8 * i, vt(I8, 8)), True), r.x(u, i)) for i in range(4)]
+    )
 
 
 def _q4_0_block(r: _Row, base, u) -> ir.Value:
+    """Each 8 bytes widened once: low nibbles (values 0-15) and 16 x the high ones (values 16-31); the low
+    sums are scaled by 16 (a shift) to match; <4 x i32>."""
     b = r.b
-    q = _load(b, base, 2, vt(I8, 16))
-    return r.dot(u, _wide(b, b.and_(q, _bytes(0x0F)), False), _wide(b, b.lshr(q, _bytes(4)), False))
+    lo, hi = [], []
+    for i in range(2):
+        w = _wide(b, _load(b, base, 2 + 8 * i, vt(I8, 8)), False)
+        lo.append(_madd(b, b.and_(w, _const_vec(I16, [0x0F] * 8)), r.x(u, i)))
+        hi.append(_madd(b, b.and_(w, _const_vec(I16, [0xF0] * 8)), r.x(u, 2 + i)))
+    return b.add(b.shl(_sum(b, lo), _const_vec(I32, [4] * 4)), _sum(b, hi), flags=("nsw",))
 
 
 def _q5_0_block(r: _Row, base, u) -> ir.Value:
@@ -182,31 +168,28 @@ def _q5_0_block(r: _Row, base, u) -> ir.Value:
     nib16 = (b.and_(b.shl(q, _bytes(4)), _bytes(0xF0)), b.and_(q, _bytes(0xF0)))  # values 0-15, 16-31
     qh = b.bitcast(_splat(b, _load(b, base, 2, I32), 4), vt(I8, 16))
     bit = _const_vec(I8, [(1 << k) - 256 if k == 7 else 1 << k for k in range(8)] * 2)
-    total = None
+    parts = []
     for half, nib in enumerate(nib16):
         spread = b.shuffle_vector(qh, qh, _const_vec(I32, [2 * half] * 8 + [2 * half + 1] * 8))
         clear = b.sext(b.icmp_unsigned("==", b.and_(spread, bit), _bytes(0)), vt(I8, 16))
         for k in range(2):  # bytes 0-7 / 8-15 of the half as words
             sel = [i for j in range(8 * k, 8 * k + 8) for i in (j, 16 + j)]
             w = b.bitcast(b.shuffle_vector(nib, clear, _const_vec(I32, sel)), vt(I16, 8))
-            m = b.mul(b.sext(w, vt(I32, 8)), b.sext(r.x8(u, 2 * half + k), vt(I32, 8)), flags=("nsw",))
-            p = b.add(b.shuffle_vector(m, m, _const_vec(I32, range(0, 8, 2))),
-                      b.shuffle_vector(m, m, _const_vec(I32, range(1, 8, 2))), flags=("nsw",))  # fmt: skip
-            total = p if total is None else b.add(total, p, flags=("nsw",))
-    return total
+            parts.append(_madd(b, w, r.x(u, 2 * half + k)))
+    return _sum(b, parts)
 
 
-# (unit bytes, block -> <lanes x i32>, blocks per group (scales converted at once; more spill registers),
-#  accumulator lanes, offset subtracted as offset x scale x sum(x), factor of the scale)
-_ONE_SCALE: dict[GGMLType, tuple[int, Callable, int, int, int, float]] = {
-    GGMLType.Q8_0: (34, _q8_0_block, 8, 4, 0, 1.0),
-    GGMLType.Q4_0: (18, _q4_0_block, 4, 8, 8, 1.0),
-    GGMLType.Q5_0: (22, _q5_0_block, 4, 4, 0, 1 / 16),
+# (unit bytes, block -> <4 x i32>, blocks per group (their scales converted at once; more spill
+#  registers), offset subtracted as offset x scale x sum(x), factor of the scale)
+_ONE_SCALE: dict[GGMLType, tuple[int, Callable, int, int, float]] = {
+    GGMLType.Q8_0: (34, _q8_0_block, 8, 0, 1.0),
+    GGMLType.Q4_0: (18, _q4_0_block, 4, 8, 1 / 16),
+    GGMLType.Q5_0: (22, _q5_0_block, 4, 0, 1 / 16),
 }
 
 
 def _one_scale_body(qtype: GGMLType):
-    unit, block, group_n, _, offset, factor = _ONE_SCALE[qtype]
+    unit, block, group_n, offset, factor = _ONE_SCALE[qtype]
 
     def group(r: _Row, u0: ir.Value, n: int) -> None:
         """Blocks u0 .. u0 + n - 1 (n = 8 or 4): their fp16 scales converted at once (one vcvtph2ps)."""
@@ -227,7 +210,7 @@ def _one_scale_body(qtype: GGMLType):
         if offset:
             xs = b.load(b.bitcast(b.gep(r.xs, [u0]), ptr(vt(F32, n))), align=4)
             corr = b.fmul(b.fmul(scales, xs, flags=FAST), _const_vec(F32, [offset / factor] * n), flags=FAST)
-            r.sub(_resize(b, corr, r.lanes))
+            r.sub(corr)
 
     def codegen(r: _Row) -> ir.Value:
         b = r.b
@@ -247,7 +230,7 @@ def _one_scale_body(qtype: GGMLType):
             r.add(0, block(r, base, u), scale)
             if offset:
                 xs = b.load(b.gep(r.xs, [u]))
-                r.sub1(b.fmul(b.fmul(scale, xs, flags=FAST), ir.Constant(F32, offset / factor), flags=FAST))
+                r.sub(b.fmul(b.fmul(scale, xs, flags=FAST), ir.Constant(F32, offset / factor), flags=FAST))
         return r.result()
 
     return codegen
@@ -277,10 +260,13 @@ def _k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
 
 def _kquant_body(high_bits: bool):
     """Q4_K (``high_bits`` False) and Q5_K: chunk c's 32 bytes hold sub-block 2c in the low nibbles and
-    2c + 1 in the high nibbles (plus, for Q5_K, bits 2c and 2c + 1 of the 32 qh bytes): each half of the
-    chunk is widened once, then masked to the low nibbles and to 16 x the high ones."""
+    2c + 1 in the high nibbles (plus, for Q5_K, bits 2c and 2c + 1 of the 32 qh bytes): each 8 bytes are
+    widened once (vpmovzxbw), then masked to the low nibbles and to 16 x the high ones."""
     unit, qs_off = (176, 48) if high_bits else (144, 16)
     parity = _const_vec(F32, [1.0, 1 / 16] * 4)  # sub-blocks 2c + 1 are read as 16 x their values
+
+    def words8(v: int) -> ir.Constant:
+        return _const_vec(I16, [v] * 8)
 
     def codegen(r: _Row) -> ir.Value:
         b = r.b
@@ -294,38 +280,27 @@ def _kquant_body(high_bits: bool):
             d, dmin = _half(b, base, 0), _half(b, base, 2)
             sc, mn = _k_scales_mins(b, base)
             xd = r.vec8(r.xd, x0)
-            b.store(
-                b.fmul(b.fmul(b.fmul(sc, _splat(b, d, 8), flags=FAST), xd, flags=FAST), parity, flags=FAST),
-                stack,
-            )
+            scales = b.fmul(b.fmul(sc, _splat(b, d, 8), flags=FAST), xd, flags=FAST)
+            b.store(b.fmul(scales, parity, flags=FAST), stack)
             mins = b.fmul(b.fmul(mn, _splat(b, dmin, 8), flags=FAST), xd, flags=FAST)
             r.sub(b.fmul(mins, r.vec8(r.xs, x0), flags=FAST))
             scale = b.bitcast(stack, ptr(F32))
             for c in range(4):
                 lo, hi = [], []
-                for half in range(2):
-                    w = _wide(b, _load(b, base, qs_off + 32 * c + 16 * half, vt(I8, 16)), False)
-                    lw, hw = b.and_(w, _words(0x0F)), b.and_(w, _words(0xF0))
-                    if (
-                        high_bits
-                    ):  # +16 on the low nibble for bit 2c, +256 on 16 x the high one for bit 2c + 1
-                        qh = _wide(b, _load(b, base, 16 + 16 * half, vt(I8, 16)), False)
+                blk = [b.add(x0, ir.Constant(I64, 2 * c + k)) for k in range(2)]
+                for i in range(4):
+                    w = _wide(b, _load(b, base, qs_off + 32 * c + 8 * i, vt(I8, 8)), False)
+                    lw, hw = b.and_(w, words8(0x0F)), b.and_(w, words8(0xF0))
+                    if high_bits:  # bit 2c: +16 on the low nibble; bit 2c + 1: +256 on 16 x the high one
+                        qh = _wide(b, _load(b, base, 16 + 8 * i, vt(I8, 8)), False)
                         for bit, add in ((1 << (2 * c), 16), (2 << (2 * c), 256)):
-                            set_ = b.icmp_unsigned("!=", b.and_(qh, _words(bit)), _words(0))
-                            term = b.select(set_, _words(add), _words(0))
-                            if add == 16:
-                                lw = b.or_(lw, term)
-                            else:
-                                hw = b.add(hw, term)
-                    lo.append(lw)
-                    hi.append(hw)
-                for k, (w0, w1) in enumerate((lo, hi)):
-                    j = 2 * c + k
-                    r.add(
-                        k,
-                        r.dot(b.add(x0, ir.Constant(I64, j)), w0, w1),
-                        b.load(b.gep(scale, [ir.Constant(I64, j)])),
-                    )
+                            set_ = b.icmp_unsigned("!=", b.and_(qh, words8(bit)), words8(0))
+                            term = b.select(set_, words8(add), words8(0))
+                            lw, hw = (b.or_(lw, term), hw) if add == 16 else (lw, b.add(hw, term))
+                    lo.append(_madd(b, lw, r.x(blk[0], i)))
+                    hi.append(_madd(b, hw, r.x(blk[1], i)))
+                for k, parts in enumerate((lo, hi)):
+                    r.add(k, _sum(b, parts), b.load(b.gep(scale, [ir.Constant(I64, 2 * c + k)])))
         return r.result()
 
     return codegen
@@ -334,8 +309,8 @@ def _kquant_body(high_bits: bool):
 def _q6_k_body(r: _Row) -> ir.Value:
     """Q6_K: per half h (128 values) ql bytes 64h..64h+63, qh bytes 128+32h..; value l of group k (0-3) has
     the low nibble (k < 2) or high nibble (k >= 2) of ql[l + 32 (k % 2)] and bits 2k, 2k + 1 of qh[l]; 16
-    int8 scales (bytes 192-207), one per 16 values; d at 208. Each group is built as 32 signed bytes
-    (value - 32) and widened; its two 16-value halves have their own scale."""
+    int8 scales (bytes 192-207), one per 16 values; d at 208. Each 16 values are built as signed bytes
+    (value - 32), widened and summed under their own scale."""
     b = r.b
     stack = cgutils.alloca_once(b, vt(F32, 16))
     dup = _const_vec(I32, [i // 2 for i in range(16)])
@@ -353,47 +328,48 @@ def _q6_k_body(r: _Row) -> ir.Value:
         )
         scale = b.bitcast(stack, ptr(F32))
         for h in range(2):
-            ql = [_load(b, base, 64 * h + 32 * i, vt(I8, 32)) for i in range(2)]
-            qh = _load(b, base, 128 + 32 * h, vt(I8, 32))
-            for k in range(4):
-                nib = b.and_(ql[k], _bytes(0x0F, 32)) if k < 2 else b.lshr(ql[k - 2], _bytes(4, 32))
-                shift = 4 - 2 * k
-                high = (
-                    b.shl(qh, _bytes(shift, 32))
-                    if shift > 0
-                    else b.lshr(qh, _bytes(-shift, 32))
-                    if shift
-                    else qh
-                )
-                v = b.sub(b.or_(nib, b.and_(high, _bytes(0x30, 32))), _bytes(32, 32))
-                g = 4 * h + k
-                blk = b.add(x0, ir.Constant(I64, g))
-                for half, v16 in enumerate(_halves(b, v)):
-                    p = _madd(b, _wide(b, v16, True), r.x(blk, half))
-                    r.add(half, p, b.load(b.gep(scale, [ir.Constant(I64, 2 * g + half)])))
+            for half in range(2):  # values l = 16 half .. 16 half + 15 of each group
+                ql = [_load(b, base, 64 * h + 32 * i + 16 * half, vt(I8, 16)) for i in range(2)]
+                qh = _load(b, base, 128 + 32 * h + 16 * half, vt(I8, 16))
+                for k in range(4):
+                    nib = b.and_(ql[k], _bytes(0x0F)) if k < 2 else b.lshr(ql[k - 2], _bytes(4))
+                    shift = 4 - 2 * k
+                    if shift > 0:
+                        high = b.shl(qh, _bytes(shift))
+                    else:
+                        high = b.lshr(qh, _bytes(-shift)) if shift else qh
+                    v = b.sub(b.or_(nib, b.and_(high, _bytes(0x30))), _bytes(32))
+                    g = 4 * h + k
+                    blk = b.add(x0, ir.Constant(I64, g))
+                    parts = [
+                        _madd(b, _wide(b, b.shuffle_vector(v, v, _const_vec(I32, range(8 * q, 8 * q + 8))), True),
+                               r.x(blk, 2 * half + q))
+                        for q in range(2)
+                    ]  # fmt: skip
+                    r.add(k, _sum(b, parts), b.load(b.gep(scale, [ir.Constant(I64, 2 * g + half)])))
     return r.result()
 
 
-# body, whether it subtracts offsets or mins, accumulator lanes
-BODIES: dict[GGMLType, tuple[Callable[[_Row], ir.Value], bool, int]] = {
-    **{t: (_one_scale_body(t), v[4] > 0, v[3]) for t, v in _ONE_SCALE.items()},
-    GGMLType.Q4_K: (_kquant_body(False), True, 8),
-    GGMLType.Q5_K: (_kquant_body(True), True, 8),
-    GGMLType.Q6_K: (_q6_k_body, False, 8),
+# body and whether it subtracts offsets or mins
+BODIES: dict[GGMLType, tuple[Callable[[_Row], ir.Value], bool]] = {
+    **{t: (_one_scale_body(t), v[3] > 0) for t, v in _ONE_SCALE.items()},
+    GGMLType.Q4_K: (_kquant_body(False), True),
+    GGMLType.Q5_K: (_kquant_body(True), True),
+    GGMLType.Q6_K: (_q6_k_body, False),
 }
 
 
 def make_dot_i16(qtype: GGMLType):
     """``dot(w_addr, xq_addr, xd_addr, xs_addr, n_units) -> float32``: one row of ``qtype`` against int16
     activations ``xq`` with per-block scales ``xd`` and per-block sums ``xs`` (float of sum(xq))."""
-    body, corr, lanes = BODIES[qtype]
+    body, corr = BODIES[qtype]
 
     @intrinsic
     def dot(typingctx, w, xq, xd, xs, n):
         sig = types.float32(types.intp, types.intp, types.intp, types.intp, types.intp)
 
         def codegen(context, b, signature, args):
-            return body(_Row(b, args, corr, lanes))
+            return body(_Row(b, args, corr))
 
         return sig, codegen
 
