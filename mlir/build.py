@@ -26,17 +26,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules  # noqa: E402
-from workbench.models.config import preset  # noqa: E402
+from workbench.models.config import ModelConfig, preset  # noqa: E402
 
 KERNEL_SOURCES = {  # object file stem -> source (in mlir-aie's aie_kernels/<arch>, or mlir/kernels: ours)
     "mm": "mm.cc",
     "mv": "mv.cc",
-    "rms_norm": "rms_norm.cc",
-    "mul": "mul.cc",
     "softmax": "softmax.cc",
+    "rmsnorm": "rmsnorm.cc",
     "attention": "attention.cc",
 }
-OURS = ("attention",)
+OURS = ("rmsnorm", "attention")
 # Peano flags of mlir-aie's programming_examples/makefile-common (PEANOWRAP2_FLAGS)
 PEANO_FLAGS = ["-O2", "-std=c++20", "-DNDEBUG", "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined",
                "-Wno-empty-body"]  # fmt: skip
@@ -70,9 +69,10 @@ def kernel_source(obj: str, target: str, tools: dict) -> Path:
     return Path(tools["MLIR_AIE_DIR (aie_kernels)"], "aie_kernels", target, KERNEL_SOURCES[stem])
 
 
-def kernel_defines(obj: str, schedule, attn_scale: float) -> list[str]:
+def kernel_defines(obj: str, schedule, config: ModelConfig) -> list[str]:
     """Compile-time parameters of one kernel object, as mlir-aie's Makefiles pass them (``DIM_M`` ...,
-    ``<in>_<out>_ONLY``, ``B_COL_MAJ``) and as ``mlir/kernels/attention.cc`` reads them."""
+    ``<in>_<out>_ONLY``, ``B_COL_MAJ``) and as our kernels in ``mlir/kernels`` read them (tile sizes from
+    the schedule, constants such as the RMSNorm epsilon and the attention scale from the model ``config``)."""
     t, p = schedule.tile, schedule.problem
     if obj.startswith("mm_"):
         out = [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
@@ -80,20 +80,26 @@ def kernel_defines(obj: str, schedule, attn_scale: float) -> list[str]:
         return out + (["-DB_COL_MAJ"] if schedule.notes.get("b_col_maj") else [])
     if obj.startswith("mv_"):
         return [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}"]
+    if obj.startswith("rmsnorm_"):
+        return [
+            f"-DNORM_ROWS={t['rows_per_call']}",
+            f"-DNORM_LEN={p['L']}",
+            f"-DNORM_EPS={config.rms_eps!r}f",
+        ]
     if obj == "attention.o":
         rows = t["q_tile"] * p["n_heads"] // p["n_kv_heads"]
-        return [f"-DROWS={rows}", f"-DHEAD_DIM={p['head_dim']}", f"-DSCALE={attn_scale!r}f"]
+        return [f"-DROWS={rows}", f"-DHEAD_DIM={p['head_dim']}", f"-DSCALE={config.attn_scale!r}f"]
     return []
 
 
-def build_commands(schedule, tools: dict, attn_scale: float) -> list[list[str]]:
+def build_commands(schedule, tools: dict, config: ModelConfig) -> list[list[str]]:
     """The commands that build one design in its folder: kernels with Peano, then ``aiecc.py``
     (``aie.mlir`` -> ``final.xclbin`` + ``insts.bin``), as mlir-aie's example Makefiles run them."""
     target = "aie2p" if schedule.device == "npu2" else "aie2"
     include = str(Path(tools["MLIR_AIE_DIR (aie_kernels)"], "include"))
     cmds = [
         [tools["peano clang++"], *PEANO_FLAGS, f"--target={target}-none-unknown-elf", "-I", include,
-         *kernel_defines(obj, schedule, attn_scale), "-c", str(kernel_source(obj, target, tools)), "-o", obj]
+         *kernel_defines(obj, schedule, config), "-c", str(kernel_source(obj, target, tools)), "-o", obj]
         for obj in schedule.kernels
         if obj.endswith(".o")
     ]  # fmt: skip
@@ -104,11 +110,11 @@ def build_commands(schedule, tools: dict, attn_scale: float) -> list[list[str]]:
     return cmds
 
 
-def compile_design(folder: Path, schedule, tools: dict, attn_scale: float) -> str:
+def compile_design(folder: Path, schedule, tools: dict, config: ModelConfig) -> str:
     """Build ``final.xclbin`` + ``insts.bin`` in ``folder``; returns a status line."""
     with open(folder / "aie.mlir", "w") as f:
         subprocess.run([sys.executable, "design.py"], cwd=folder, stdout=f, check=True)
-    for cmd in build_commands(schedule, tools, attn_scale):
+    for cmd in build_commands(schedule, tools, config):
         subprocess.run(cmd, cwd=folder, check=True)
     return "compiled: final.xclbin + insts.bin"
 
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
             status = "generated only: mlir-aie toolchain absent (" + ", ".join(missing) + ")"
         else:
             try:
-                status = compile_design(folder, s, tools, config.attn_scale)
+                status = compile_design(folder, s, tools, config)
             except (subprocess.CalledProcessError, OSError, ValueError) as e:
                 status = f"compile FAILED: {e}"
         manifest["designs"].append({"name": design_name(s), "folder": str(folder), "status": status})

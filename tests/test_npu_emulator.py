@@ -15,6 +15,7 @@ from workbench.backends.npu.schedule import (
     plan_gemm,
     plan_gemv,
     plan_rowwise,
+    rowwise_schedule,
 )
 from workbench.ops import reference as ref
 
@@ -86,6 +87,22 @@ def test_rmsnorm_and_softmax_match_reference_within_bf16():
     sm = emu.softmax(plan_rowwise(A, "softmax", 3, 640), A, x)
     e = np.exp(x - x.max(-1, keepdims=True))
     assert np.allclose(sm, e / e.sum(-1, keepdims=True), atol=4e-3)
+
+
+@pytest.mark.parametrize("rows,length", [(1, 640), (64, 256), (2, 5376)])
+def test_rmsnorm_runs_the_kernel_rows_of_its_schedule(rows, length):
+    """mlir/kernels/rmsnorm.cc takes any row length that is a multiple of 16 (gemma3-27b: 5376); the
+    emulator runs exactly the rows and length its schedule was planned for."""
+    x = (3 * RNG.standard_normal((rows, length))).astype(np.float32)
+    w = (1 + 0.1 * RNG.standard_normal(length)).astype(np.float32)
+    s = plan_rowwise(A, "rmsnorm", rows, length)
+    got = emu.rmsnorm(s, A, x, to_bf16(w), 1e-6, None)
+    assert np.all(to_bf16(got) == got)
+    assert np.allclose(got, ref.rmsnorm(x, w, 1e-6), rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="schedule is for"):
+        emu.rmsnorm(s, A, x[:, : length // 2], to_bf16(w[: length // 2]), 1e-6, None)
+    with pytest.raises(ScheduleError, match="multiple of the kernel's 16 lanes"):
+        rowwise_schedule(A, "rmsnorm", rows, length + 8, "bf16", 1, 1, True)
 
 
 @pytest.mark.parametrize("window", [0, 8])

@@ -7,6 +7,7 @@ import ast
 import importlib.util
 import json
 import math
+import re
 import sys
 import types
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules
+from workbench.backends.npu.schedule import plan_rowwise
 from workbench.models.config import preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,9 +163,8 @@ def _install_stub(monkeypatch) -> Rec:
     return rec
 
 
-@pytest.mark.parametrize("index", range(len(golden_schedules())))
-def test_design_calls_iron_as_the_schedule_says(monkeypatch, tmp_path, index):
-    s = golden_schedules()[index]
+def _run_design(monkeypatch, tmp_path, s) -> Rec:
+    """Execute the generated design of ``s`` against the recording stand-in; returns what it recorded."""
     rec = _install_stub(monkeypatch)
     path = tmp_path / "design.py"
     path.write_text(design_source(s))
@@ -171,6 +172,13 @@ def test_design_calls_iron_as_the_schedule_says(monkeypatch, tmp_path, index):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.design() is rec
+    return rec
+
+
+@pytest.mark.parametrize("index", range(len(golden_schedules())))
+def test_design_calls_iron_as_the_schedule_says(monkeypatch, tmp_path, index):
+    s = golden_schedules()[index]
+    rec = _run_design(monkeypatch, tmp_path, s)
     assert len(rec.workers) == s.columns * s.rows
     assert len(set(rec.workers)) == len(rec.workers)  # one core per worker
     a = get_array(s.device)
@@ -178,6 +186,49 @@ def test_design_calls_iron_as_the_schedule_says(monkeypatch, tmp_path, index):
     assert rec.fills and rec.drains
     names = {k.name for k in rec.kernels}
     assert set(k for k in s.kernels if not k.endswith(".o")) <= names
+
+
+def _extern_c_signatures(source: Path) -> dict[str, list[str]]:
+    """``name -> parameter list`` of the functions a kernel source defines inside ``extern "C"``."""
+    body = source.read_text().split('extern "C" {', 1)[1]
+    sigs = re.findall(r"^void (\w+)\(([^)]*)\)", body, re.MULTILINE)
+    return {name: [a.strip() for a in args.split(",") if a.strip()] for name, args in sigs}
+
+
+@pytest.mark.parametrize("device,dtype", [("npu1", "bf16"), ("npu2", "int8")])
+def test_our_kernels_define_what_the_designs_call(monkeypatch, tmp_path, device, dtype):
+    """Every kernel a design declares from mlir/kernels exists there with that many parameters."""
+    build = _build_module()
+    checked = set()
+    for s in model_schedules(preset("gemma3-270m"), device, dtype, 64) + golden_schedules():
+        for k in _run_design(monkeypatch, tmp_path, s).kernels:
+            src = build.kernel_source(k.obj, "aie2", FAKE_TOOLS)
+            if src.parent != ROOT / "mlir" / "kernels":
+                continue
+            sigs = _extern_c_signatures(src)
+            assert k.name in sigs, f"{k.name} is not defined in {src.name}"
+            assert len(sigs[k.name]) == len(k.arg_types), (k.name, sigs[k.name], k.arg_types)
+            checked.add(k.name)
+    assert {"rmsnorm_bf16", "attn_chunk_bf16"} <= checked
+
+
+def test_rmsnorm_kernel_takes_its_length_from_the_schedule():
+    """mlir/kernels/rmsnorm.cc: no fixed length (mul.cc's 1024 overran rows of 640); rows, length and
+    epsilon come in as defines matching the schedule and the model config."""
+    src = (ROOT / "mlir" / "kernels" / "rmsnorm.cc").read_text()
+    code = re.sub(r"//.*", "", src)
+    assert "1024" not in code and "NORM_LEN" in code and "NORM_ROWS" in code and "NORM_EPS" in code
+    assert "accfloat" in code  # fp32 accumulation of the bf16 squares
+    build = _build_module()
+    cfg = preset("gemma3-270m")
+    for R, L in ((1, 640), (64, 640), (256, 256), (64 * 4, 256)):
+        s = plan_rowwise(get_array("npu1"), "rmsnorm", R, L)
+        obj = s.kernels[1]
+        assert build.kernel_defines(obj, s, cfg) == [
+            f"-DNORM_ROWS={s.tile['rows_per_call']}", f"-DNORM_LEN={L}", f"-DNORM_EPS={cfg.rms_eps!r}f"
+        ]  # fmt: skip
+        assert f"rows_per_call = {s.tile['rows_per_call']}" in design_source(s)
+        assert f"R, L = {R}, {L}" in design_source(s)
 
 
 def test_build_script_generates_and_says_nothing_compiled(tmp_path, capsys):
@@ -220,15 +271,18 @@ def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
     build = _build_module()
     cfg = preset("gemma3-270m")
     for s in model_schedules(cfg, device, dtype, 16):
-        *kernels, link = build.build_commands(s, FAKE_TOOLS, cfg.attn_scale)
+        *kernels, link = build.build_commands(s, FAKE_TOOLS, cfg)
         assert [c[-1] for c in kernels] == [k for k in s.kernels if k.endswith(".o")]
         for cmd in kernels:
             src = Path(cmd[cmd.index("-c") + 1])
             target = "aie2p" if device == "npu2" else "aie2"
             assert f"--target={target}-none-unknown-elf" in cmd and "/opt/mlir-aie/include" in cmd
             assert src.name in build.KERNEL_SOURCES.values()
+            if src.stem in build.OURS:
+                assert src.parent == ROOT / "mlir" / "kernels" and src.exists()
+            else:
+                assert src.parent == Path("/opt/mlir-aie/aie_kernels", target)
             if src.name == "attention.cc":
-                assert src.exists()
                 p = s.problem
                 rows = s.tile["q_tile"] * p["n_heads"] // p["n_kv_heads"]
                 assert {
@@ -236,8 +290,8 @@ def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
                     f"-DHEAD_DIM={p['head_dim']}",
                     f"-DSCALE={cfg.attn_scale!r}f",
                 } <= set(cmd)
-            else:
-                assert src.parent == Path("/opt/mlir-aie/aie_kernels", target)
+            if src.name == "rmsnorm.cc":
+                assert f"-DNORM_LEN={s.problem['L']}" in cmd and f"-DNORM_EPS={cfg.rms_eps!r}f" in cmd
             defines = [a for a in cmd if a.startswith("-D") and a != "-DNDEBUG"]
             assert all(len(d.split("=")[0]) > 3 for d in defines), defines
             if src.name == "mm.cc":

@@ -9,10 +9,7 @@ from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
 from ml_dtypes import bfloat16
 
-SCHEDULE = {"columns": 1, "device": "npu1", "dtype_in": "bf16", "dtype_out": "bf16", "fifos": [["in_L3L1", [1, 640], "bf16", 2], ["out_L1L3", [1, 640], "bf16", 2], ["w_L3L1", [640], "bf16", 1]], "kernels": ["rms_norm_eps", "eltwise_mul_bf16_vector", "rms_norm.o", "mul.o"], "op": "rmsnorm", "problem": {"L": 640, "R": 1}, "rows": 4, "tile": {"rows_per_call": 1}}
-
-EPS = 1e-6  # epsilon of the model's RMSNorm (runtime parameter of rms_norm_eps)
-
+SCHEDULE = {"columns": 1, "device": "npu1", "dtype_in": "bf16", "dtype_out": "bf16", "fifos": [["in_L3L1", [1, 640], "bf16", 2], ["out_L1L3", [1, 640], "bf16", 2], ["w_L3L1", [640], "bf16", 1]], "kernels": ["rmsnorm_bf16", "rmsnorm_1x640.o"], "op": "rmsnorm", "problem": {"L": 640, "R": 1}, "rows": 4, "tile": {"rows_per_call": 1}}
 
 def design():
     R, L = 1, 640
@@ -22,22 +19,21 @@ def design():
     calls = -(-R // (rows_per_call * n_cores))
     row_ty = np.ndarray[(rows_per_call * L,), np.dtype[bfloat16]]
     w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
-    rms = Kernel("rms_norm_eps", "rms_norm.o", [row_ty, row_ty, np.int32, np.float32])
-    mul = Kernel("eltwise_mul_bf16_vector", "mul.o", [row_ty, w_ty, row_ty])
+    # mlir/kernels/rmsnorm.cc, built with NORM_ROWS=rows_per_call, NORM_LEN=L and the model's NORM_EPS
+    rms = Kernel("rmsnorm_bf16", "rmsnorm_1x640.o", [row_ty, w_ty, row_ty])
     w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{c}") for c in range(n_cols)]
 
-    def core_fn(of_x, of_y, of_w, rms, mul):
+    def core_fn(of_x, of_y, of_w, rms):
         w = of_w.acquire(1)
         for _ in range_(calls) if calls > 1 else range(1):
             x, y = of_x.acquire(1), of_y.acquire(1)
-            rms(x, y, L, EPS)  # per row of the object: the kernel strides over rows_per_call rows
-            mul(y, w, y)
+            rms(x, w, y)
             of_x.release(1)
             of_y.release(1)
         of_w.release(1)
 
     def args(c, x, y):
-        return [x.cons(), y.prod(), w_in[c].cons(), rms, mul]
+        return [x.cons(), y.prod(), w_in[c].cons(), rms]
 
     x_in, y_out, workers = [], [], []
     for c in range(n_cols):

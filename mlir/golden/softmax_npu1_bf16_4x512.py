@@ -11,9 +11,6 @@ from ml_dtypes import bfloat16
 
 SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "bf16", "fifos": [["in_L3L1", [1, 512], "bf16", 2], ["out_L1L3", [1, 512], "bf16", 2]], "kernels": ["softmax_bf16", "softmax.o"], "op": "softmax", "problem": {"L": 512, "R": 4}, "rows": 4, "tile": {"rows_per_call": 1}}
 
-EPS = 1e-6  # epsilon of the model's RMSNorm (runtime parameter of rms_norm_eps)
-
-
 def design():
     R, L = 4, 512
     rows_per_call = 1

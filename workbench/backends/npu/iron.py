@@ -4,8 +4,8 @@
 ``Worker``, ``Runtime``, ``Program``; ``aie.helpers.taplib.TensorTiler2D`` for runtime access patterns)
 whose constants come from the schedule. Running it with mlir-aie installed prints the MLIR module that
 ``aiecc.py`` compiles to ``final.xclbin`` + ``insts.bin`` (see ``mlir/build.py``). Kernels: mlir-aie's
-``aie_kernels`` (``mm.cc``, ``mv.cc``, ``rms_norm.cc``, ``mul.cc``, ``softmax.cc``) where they fit, and
-``mlir/kernels/attention.cc`` for the attention chunk update.
+``aie_kernels`` (``mm.cc``, ``mv.cc``, ``softmax.cc``) where they fit, and ours in ``mlir/kernels``:
+``rmsnorm.cc`` (RMSNorm of any row length) and ``attention.cc`` (the attention chunk update).
 """
 
 from __future__ import annotations
@@ -191,23 +191,22 @@ def design():
 def _rowwise(s: Schedule) -> str:
     rpc, length = s.tile["rows_per_call"], s.problem["L"]
     if s.op == "rmsnorm":
-        kernels = """w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
-    rms = Kernel("rms_norm_eps", "rms_norm.o", [row_ty, row_ty, np.int32, np.float32])
-    mul = Kernel("eltwise_mul_bf16_vector", "mul.o", [row_ty, w_ty, row_ty])
-    w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{c}") for c in range(n_cols)]
+        kernels = f"""w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
+    # mlir/kernels/rmsnorm.cc, built with NORM_ROWS=rows_per_call, NORM_LEN=L and the model's NORM_EPS
+    rms = Kernel("{s.kernels[0]}", "{s.kernels[1]}", [row_ty, w_ty, row_ty])
+    w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{{c}}") for c in range(n_cols)]
 
-    def core_fn(of_x, of_y, of_w, rms, mul):
+    def core_fn(of_x, of_y, of_w, rms):
         w = of_w.acquire(1)
         for _ in range_(calls) if calls > 1 else range(1):
             x, y = of_x.acquire(1), of_y.acquire(1)
-            rms(x, y, L, EPS)  # per row of the object: the kernel strides over rows_per_call rows
-            mul(y, w, y)
+            rms(x, w, y)
             of_x.release(1)
             of_y.release(1)
         of_w.release(1)
 
     def args(c, x, y):
-        return [x.cons(), y.prod(), w_in[c].cons(), rms, mul]
+        return [x.cons(), y.prod(), w_in[c].cons(), rms]
 """
         fill_w = "for c in range(n_cols):\n            rt.fill(w_in[c].prod(), W)"
         tensors, names = "x_ty, w_ty, x_ty", "X, W, Y"
@@ -227,9 +226,6 @@ def _rowwise(s: Schedule) -> str:
         fill_w = "# no weight"
         tensors, names = "x_ty, x_ty", "X, Y"
     return f"""
-EPS = 1e-6  # epsilon of the model's RMSNorm (runtime parameter of rms_norm_eps)
-
-
 def design():
     R, L = {s.problem["R"]}, {length}
     rows_per_call = {rpc}

@@ -26,6 +26,12 @@ OUT_DTYPE = {"bf16": "f32", "i8": "i16", "i16": "i32"}
 # mm.cc's kernels compute a 2 x 2 block of MAC tiles per inner step (static_assert m % 2r, n % 2t; some
 # releases' int8 kernels expand m 4 times: check the release you build with)
 MM_EXPAND = 2
+# RMSNorm kernel (mlir/kernels/rmsnorm.cc): bf16 x bf16 -> fp32 element-wise MACs of this many lanes
+NORM_LANES = 16
+# vector instructions per element of a row-wise op, over VECTOR_LANES_F32 lanes: RMSNorm per 16 values one
+# MAC for the squares, then two MACs, two conversions to bf16 and the weight multiply; softmax max, exp,
+# sum, scale and conversions
+ROWWISE_OPS_PER_ELEM = {"rmsnorm": 6, "softmax": 8}
 
 
 class ScheduleError(ValueError):
@@ -353,7 +359,13 @@ def rowwise_schedule(
     array: AieArray, op: str, R: int, L: int, dtype: str, rows_per_call: int, columns: int, with_weight: bool
 ) -> Schedule:
     """Row-wise ops (RMSNorm, softmax): each core takes ``rows_per_call`` rows of length L per call, computes
-    in fp32 and writes bf16; a norm's weight row arrives once per launch."""
+    in fp32 and writes bf16; a norm's weight row arrives once per launch. RMSNorm runs our
+    ``mlir/kernels/rmsnorm.cc`` (rows and length compile-time, L a multiple of :data:`NORM_LANES`), softmax
+    mlir-aie's ``softmax.cc`` (one row per call)."""
+    if op == "rmsnorm" and L % NORM_LANES:
+        raise ScheduleError(f"rmsnorm: row length {L} is not a multiple of the kernel's {NORM_LANES} lanes")
+    if op == "softmax" and rows_per_call != 1:
+        raise ScheduleError("softmax: mlir-aie's softmax kernel normalizes one row per call")
     cores = columns * array.rows
     b = DTYPE_BYTES[dtype]
     calls = -(-R // (rows_per_call * cores))
@@ -368,15 +380,14 @@ def rowwise_schedule(
     if with_weight:
         fifos.append(Fifo("w_L3L1", "shim", "core", (L,), dtype, 1, fanout=array.rows, per_call=False))
         transfers.append(DdrTransfer("w", "in", columns * L * b, L * b, columns, columns))
-    ops_per_elem = {"rmsnorm": 5, "softmax": 8}[op]
     kernel = {
-        "rmsnorm": ("rms_norm_eps", "eltwise_mul_bf16_vector", "rms_norm.o", "mul.o"),
+        "rmsnorm": ("rmsnorm_bf16", f"rmsnorm_{rows_per_call}x{L}.o"),
         "softmax": ("softmax_bf16", "softmax.o"),
     }[op]
     return Schedule(
         op, array.key, dtype, dtype, {"R": R, "L": L}, {"rows_per_call": rows_per_call},
         columns, array.rows, tuple(fifos), tuple(transfers), calls, 0, "vector",
-        ops_per_elem * rows_per_call * L, kernel, scratch_bytes=rows_per_call * 4,
+        ROWWISE_OPS_PER_ELEM[op] * rows_per_call * L, kernel, scratch_bytes=rows_per_call * 4,
     )  # fmt: skip
 
 
@@ -384,9 +395,11 @@ def rowwise_schedule(
 def plan_rowwise(array: AieArray, op: str, R: int, L: int, dtype: str = "bf16") -> Schedule:
     if op not in ("rmsnorm", "softmax"):
         raise ValueError(f"row-wise op must be rmsnorm or softmax, got {op!r}")
+    per_core = -(-R // array.cores)
     cands = [
         rowwise_schedule(array, op, R, L, dtype, rpc, cols, op == "rmsnorm")
-        for rpc in (1,)  # mlir-aie's rms_norm / softmax kernels normalize one row per call
+        for rpc in ((1, 2, 4, 8) if op == "rmsnorm" else (1,))
+        if rpc == 1 or rpc <= per_core
         for cols in sorted({1, array.columns})
     ]
     return _best(cands, array, f"{op} {R}x{L}")

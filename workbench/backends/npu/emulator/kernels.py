@@ -6,7 +6,8 @@ step at once (tile rows are independent, so computing them together gives the sa
 checked against the array's memories first (:meth:`Schedule.check`).
 
 - bf16: inputs rounded to bfloat16, products accumulated in fp32, outputs fp32 (matmuls, attention) or
-  rounded to bf16 (norms, softmax), as the mlir-aie kernels write them
+  rounded to bf16 (norms, softmax), as the kernels write them; RMSNorm step by step as
+  ``mlir/kernels/rmsnorm.cc`` computes it
 - int8: int8 x int8 products accumulated exactly in int32, shift-round-saturated to int16 with a static
   shift, then scaled back by the row scales
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arch import AieArray
-from ..schedule import Schedule
+from ..schedule import NORM_LANES, Schedule
 from .numerics import F32, quantize_rows_i8, srs, to_bf16
 
 
@@ -62,14 +63,33 @@ def matmul_i8(
 def rmsnorm(
     schedule: Schedule, array: AieArray, x: np.ndarray, w_bf16: np.ndarray, eps: float, group: int | None
 ) -> np.ndarray:
-    """RMSNorm over rows (or groups of ``group`` values) as the design computes it: mlir-aie's ``rms_norm``
-    (bf16 in, fp32 sum of squares, bf16 out), then an element-wise bf16 multiply by the weight."""
+    """RMSNorm over rows (or groups of ``group`` values) step by step as ``mlir/kernels/rmsnorm.cc`` computes
+    each row of the schedule: bf16 in; sum of squares in :data:`NORM_LANES` fp32 lanes (each lane adding its
+    values in order, bf16 squares exact), the lanes added pairwise (``aie::reduce_add``, modeled as a halving
+    tree); ``inv = 1 / sqrt(sum * (1 / L) + eps)`` in fp32 (``aie::invsqrt`` modeled as exact); ``x * hi +
+    x * lo`` with ``inv`` split into two bf16 scalars, accumulated in fp32 and rounded to bf16; times the bf16
+    weight, rounded to bf16."""
     schedule.check(array)
+    length = schedule.problem["L"]
     g = group or x.shape[-1]
-    xs = to_bf16(x).reshape(-1, g)
-    ms = np.mean(xs * xs, axis=-1, keepdims=True, dtype=F32)
-    normed = to_bf16(xs * (F32(1.0) / np.sqrt(ms + F32(eps))))
-    return to_bf16(normed * w_bf16.reshape(1, g)).reshape(x.shape)
+    if g != length or x.size != schedule.problem["R"] * length:
+        raise ValueError(
+            f"rmsnorm: schedule is for {schedule.problem['R']} rows of {length}, got {x.size // g} rows of {g}"
+        )
+    xs = to_bf16(x).reshape(-1, length // NORM_LANES, NORM_LANES)
+    squares = xs * xs  # exact: bf16 x bf16 fits fp32
+    lanes = np.zeros((xs.shape[0], NORM_LANES), F32)
+    for c in range(xs.shape[1]):
+        lanes += squares[:, c]
+    while lanes.shape[1] > 1:
+        half = lanes.shape[1] // 2
+        lanes = lanes[:, :half] + lanes[:, half:]
+    mean = lanes * (F32(1.0) / F32(length)) + F32(eps)
+    inv = F32(1.0) / np.sqrt(mean)
+    hi = to_bf16(inv)
+    lo = to_bf16(inv - hi)
+    normed = to_bf16(xs * hi[:, :, None] + xs * lo[:, :, None])
+    return to_bf16(normed * w_bf16.reshape(1, -1, NORM_LANES)).reshape(x.shape)
 
 
 def softmax(schedule: Schedule, array: AieArray, x: np.ndarray) -> np.ndarray:
