@@ -32,10 +32,11 @@ KERNEL_SOURCES = {  # object file stem -> source (in mlir-aie's aie_kernels/<arc
     "mm": "mm.cc",
     "mv": "mv.cc",
     "softmax": "softmax.cc",
+    "gemv": "gemv.cc",
     "rmsnorm": "rmsnorm.cc",
     "attention": "attention.cc",
 }
-OURS = ("rmsnorm", "attention")
+OURS = ("gemv", "rmsnorm", "attention")
 # Peano flags of mlir-aie's programming_examples/makefile-common (PEANOWRAP2_FLAGS)
 PEANO_FLAGS = ["-O2", "-std=c++20", "-DNDEBUG", "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined",
                "-Wno-empty-body"]  # fmt: skip
@@ -78,7 +79,7 @@ def kernel_defines(obj: str, schedule, config: ModelConfig) -> list[str]:
         out = [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
                f"-D{schedule.dtype_in}_{schedule.dtype_out}_ONLY"]  # fmt: skip
         return out + (["-DB_COL_MAJ"] if schedule.notes.get("b_col_maj") else [])
-    if obj.startswith("mv_"):
+    if obj.startswith(("mv_", "gemv_")):
         return [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}"]
     if obj.startswith("rmsnorm_"):
         return [

@@ -17,11 +17,12 @@ import pytest
 
 from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules
-from workbench.backends.npu.schedule import plan_rowwise
+from workbench.backends.npu.schedule import gemv_schedule, plan_rowwise
 from workbench.models.config import preset
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "mlir" / "golden"
+RNG = np.random.default_rng(0)
 
 
 def test_golden_designs_are_current():
@@ -209,7 +210,40 @@ def test_our_kernels_define_what_the_designs_call(monkeypatch, tmp_path, device,
             assert k.name in sigs, f"{k.name} is not defined in {src.name}"
             assert len(sigs[k.name]) == len(k.arg_types), (k.name, sigs[k.name], k.arg_types)
             checked.add(k.name)
-    assert {"rmsnorm_bf16", "attn_chunk_bf16"} <= checked
+    assert {"gemv_bf16_f32", "gemv_zero_f32", "rmsnorm_bf16", "attn_chunk_bf16"} <= checked
+
+
+def _dma_walk(buffer: np.ndarray, dims) -> np.ndarray:
+    """The order in which a DMA with access pattern ``dims`` ((size, stride) outermost first, in elements)
+    streams ``buffer``."""
+    index = np.zeros(1, np.int64)
+    for size, stride in dims:
+        index = (index[:, None] + stride * np.arange(size)[None, :]).reshape(-1)
+    return buffer.reshape(-1)[index]
+
+
+@pytest.mark.parametrize("m,k", [(16, 8), (64, 640), (32, 2048)])
+def test_gemv_kernel_layout_is_what_the_dma_pattern_delivers(m, k):
+    """bf16 GEMV designs call mlir/kernels/gemv.cc (mv.cc's bf16 combo is commented out). The memory
+    tile's W_L2L1 pattern turns a row-major m x k tile into the layout the kernel indexes, (i, j) at
+    (j // 2) * 2m + 2i + j % 2; the kernel's lane scheme (even and odd columns in lanes 2r, 2r + 1 of 16-row
+    blocks, added at the end) then gives W @ x."""
+    s = gemv_schedule(get_array("npu1"), 4 * m, k, "bf16", m, k, 1, 4)
+    assert s.kernels == ("gemv_bf16_f32", "gemv_zero_f32", f"gemv_{m}x{k}.o")
+    w = RNG.standard_normal((m, k))
+    x = RNG.standard_normal(k)
+    local = _dma_walk(w, next(f for f in s.fifos if f.name == "W_L2L1").dims)
+    i, j = np.meshgrid(np.arange(m), np.arange(k), indexing="ij")
+    assert np.array_equal(local[(j // 2) * 2 * m + 2 * i + j % 2], w)
+    y = np.zeros(m)
+    for row in range(0, m, 16):  # the kernel's loops, on the delivered layout
+        lanes = np.zeros(32)
+        for p in range(k // 2):
+            lanes += local[p * 2 * m + 2 * row : p * 2 * m + 2 * row + 32] * np.tile(x[2 * p : 2 * p + 2], 16)
+        y[row : row + 16] += lanes[0::2] + lanes[1::2]
+    assert np.allclose(y, w @ x)
+    src = (ROOT / "mlir" / "kernels" / "gemv.cc").read_text()
+    assert "accfloat" in src and "p * 2 * DIM_M" in src and "w + 2 * row" in src
 
 
 def test_rmsnorm_kernel_takes_its_length_from_the_schedule():
@@ -299,8 +333,10 @@ def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
                 want = {f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
                         f"-D{s.dtype_in}_{s.dtype_out}_ONLY", "-DB_COL_MAJ"}  # fmt: skip
                 assert set(defines) == want
-            if src.name == "mv.cc":
+            if src.name in ("mv.cc", "gemv.cc"):
                 assert set(defines) == {f"-DDIM_M={s.tile['m']}", f"-DDIM_K={s.tile['k']}"}
+                # mv.cc's bf16 combination is commented out: bf16 GEMVs build gemv.cc, i16 ones mv.cc
+                assert (src.name == "gemv.cc") == (s.dtype_in == "bf16")
         assert link[0] == "aiecc.py" and {"--no-xchesscc", "--no-xbridge"} <= set(link)
         assert link[link.index("--peano") + 1] == "/opt/peano" and link[-1] == "aie.mlir"
 

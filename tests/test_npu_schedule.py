@@ -79,6 +79,16 @@ def test_tiles_respect_the_mac_tile_and_shapes():
     assert g.tile["M_pad"] >= 7 and g.tile["N_pad"] >= 1024
 
 
+def test_gemv_kernels_per_dtype():
+    """bf16 GEMV runs our gemv.cc (mv.cc's bf16 combo is commented out); i16 keeps mv.cc."""
+    a = get_array("npu1")
+    assert plan_gemv(a, 1024, 640).kernels[0] == "gemv_bf16_f32"
+    assert plan_gemv(a, 1024, 640).kernels[2].startswith("gemv_")
+    assert gemv_schedule(a, 288, 288, "i16", 32, 32, 1, 1).kernels[0] == "matvec_vectorized_i16_i32"
+    with pytest.raises(ScheduleError, match="no scalar bf16 GEMV kernel"):
+        gemv_schedule(a, 288, 288, "bf16", 32, 32, 1, 1, vectorized=False)
+
+
 def test_ddr_transfers_cover_the_problem():
     a = get_array("npu1")
     s = plan_gemv(a, 1024, 640)

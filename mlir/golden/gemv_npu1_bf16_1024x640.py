@@ -9,14 +9,14 @@ from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
 from ml_dtypes import bfloat16
 
-SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "f32", "fifos": [["W_L3L2", [64, 160], "bf16", 2], ["W_L2L1", [16, 160], "bf16", 2], ["x_L3L2", [160], "bf16", 2], ["x_L2L1", [160], "bf16", 2], ["y_L1L2", [16], "f32", 2], ["y_L2L3", [64], "f32", 2]], "kernels": ["matvec_vectorized_bf16_f32", "zero_vectorized_f32", "mv_16x160.o"], "op": "gemv", "problem": {"K": 640, "N": 1024}, "rows": 4, "tile": {"N_pad": 1024, "k": 160, "m": 16}}
+SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "f32", "fifos": [["W_L3L2", [64, 160], "bf16", 2], ["W_L2L1", [16, 160], "bf16", 2], ["x_L3L2", [160], "bf16", 2], ["x_L2L1", [160], "bf16", 2], ["y_L1L2", [16], "f32", 2], ["y_L2L3", [64], "f32", 2]], "kernels": ["gemv_bf16_f32", "gemv_zero_f32", "gemv_16x160.o"], "op": "gemv", "problem": {"K": 640, "N": 1024}, "rows": 4, "tile": {"N_pad": 1024, "k": 160, "m": 16}}
 
 def design():
     N, K = 1024, 640
     m, k = 16, 160
     n_cols, n_rows = 4, 4
     depth = 2
-    w_dims = [(80, 2), (16, 160), (2, 1)]  # 32-bit-word transpose that mv.cc expects
+    w_dims = [(80, 2), (16, 160), (2, 1)]  # 32-bit-word transpose the vectorized kernels read
     t_in, t_out = bfloat16, np.float32
     n_cores = n_cols * n_rows
     blocks = N // (m * n_cores)
@@ -24,8 +24,8 @@ def design():
     w_ty = np.ndarray[(m, k), np.dtype[t_in]]
     x_ty = np.ndarray[(k,), np.dtype[t_in]]
     y_ty = np.ndarray[(m,), np.dtype[t_out]]
-    zero = Kernel("zero_vectorized_f32", "mv_16x160.o", [y_ty])
-    matvec = Kernel("matvec_vectorized_bf16_f32", "mv_16x160.o", [w_ty, x_ty, y_ty])
+    zero = Kernel("gemv_zero_f32", "gemv_16x160.o", [y_ty])
+    matvec = Kernel("gemv_bf16_f32", "gemv_16x160.o", [w_ty, x_ty, y_ty])
 
     x_in = [ObjectFifo(x_ty, depth, name=f"x_L3L2_{c}") for c in range(n_cols)]
     x_l1 = [x_in[c].cons().forward(name=f"x_L2L1_{c}", placement=Tile(c, 1)) for c in range(n_cols)]

@@ -4,8 +4,9 @@
 ``Worker``, ``Runtime``, ``Program``; ``aie.helpers.taplib.TensorTiler2D`` for runtime access patterns)
 whose constants come from the schedule. Running it with mlir-aie installed prints the MLIR module that
 ``aiecc.py`` compiles to ``final.xclbin`` + ``insts.bin`` (see ``mlir/build.py``). Kernels: mlir-aie's
-``aie_kernels`` (``mm.cc``, ``mv.cc``, ``softmax.cc``) where they fit, and ours in ``mlir/kernels``:
-``rmsnorm.cc`` (RMSNorm of any row length) and ``attention.cc`` (the attention chunk update).
+``aie_kernels`` (``mm.cc``, ``mv.cc`` for i16 GEMV, ``softmax.cc``) where they fit, and ours in
+``mlir/kernels``: ``gemv.cc`` (bf16 GEMV), ``rmsnorm.cc`` (RMSNorm of any row length) and ``attention.cc``
+(the attention chunk update).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def design():
     m, k = {t["m"]}, {t["k"]}
     n_cols, n_rows = {s.columns}, {s.rows}
     depth = {fifo["W_L2L1"].depth}
-    w_dims = {list(fifo["W_L2L1"].dims) or None}  # {"32-bit-word transpose that mv.cc expects" if fifo["W_L2L1"].dims else "matvec_scalar reads W row-major"}
+    w_dims = {list(fifo["W_L2L1"].dims) or None}  # {"32-bit-word transpose the vectorized kernels read" if fifo["W_L2L1"].dims else "matvec_scalar reads W row-major"}
     t_in, t_out = {NP_DTYPE[s.dtype_in]}, {NP_DTYPE[s.dtype_out]}
     n_cores = n_cols * n_rows
     blocks = N // (m * n_cores)

@@ -298,13 +298,17 @@ def gemv_schedule(
 ) -> Schedule:
     """y (N) = W (N x K) @ x (K): each core owns blocks of m output rows, streams W tiles m x k (rows of W
     contiguous when k == K) and the broadcast vector x in pieces of k; fp32 (or int32) accumulation.
-    The kernel is mlir-aie's ``matvec_vectorized`` (mv.cc: bf16 or i16 inputs, m a multiple of 16, k of
-    8), which reads W tiles transposed at 32-bit granularity: the DMA pattern of ``W_L2L1`` does that.
+    Kernels: bf16 runs our ``mlir/kernels/gemv.cc`` (mlir-aie's mv.cc has its bf16 combination commented
+    out), i16 mlir-aie's ``matvec_vectorized`` (mv.cc); both take m a multiple of 16 and k of 8 and read W
+    tiles transposed at 32-bit granularity: the DMA pattern of ``W_L2L1`` does that. Both issue 32-lane MACs
+    (``mac_unit`` "vector": r x s of the MAC tile).
     ``pretiled``: W was repacked at load time in tile order (each m x k tile one contiguous run).
-    ``vectorized=False``: mv.cc's ``matvec_scalar`` on the scalar unit, W tiles row-major (what mlir-aie's
-    matrix_vector example ran while its vectorized kernel was marked erroneous)."""
+    ``vectorized=False``: mv.cc's ``matvec_scalar`` (i16 only) on the scalar unit, W tiles row-major (what
+    mlir-aie's matrix_vector example ran while its vectorized kernel was marked erroneous)."""
     if dtype not in ("bf16", "i16"):
-        raise ScheduleError(f"gemv: mv.cc's kernels take bf16 or i16, not {dtype} (use a gemm schedule)")
+        raise ScheduleError(f"gemv: the GEMV kernels take bf16 or i16, not {dtype} (use a gemm schedule)")
+    if dtype == "bf16" and not vectorized:
+        raise ScheduleError("gemv: no scalar bf16 GEMV kernel (mv.cc's bf16 combination is commented out)")
     if K % k or m % 16 or k % 8:
         raise ScheduleError(f"gemv: need K % k == 0, m % 16 == 0, k % 8 == 0 (K={K}, m={m}, k={k})")
     out = OUT_DTYPE[dtype]
@@ -327,11 +331,15 @@ def gemv_schedule(
         DdrTransfer("y", "out", np_ * bo, m * rows * bo, columns),
     )
     kind = "vectorized" if vectorized else "scalar"
+    kernels = (
+        ("gemv_bf16_f32", "gemv_zero_f32", f"gemv_{m}x{k}.o")
+        if dtype == "bf16"
+        else (f"matvec_{kind}_{dtype}_{out}", f"zero_{kind}_{out}", f"mv_{m}x{k}.o")
+    )
     return Schedule(
         "gemv", array.key, dtype, out, {"N": N, "K": K}, {"m": m, "k": k, "N_pad": np_},
         columns, rows, fifos, transfers, blocks * (K // k), m * k, "vector" if vectorized else "scalar", 0,
-        (f"matvec_{kind}_{dtype}_{out}", f"zero_{kind}_{out}", f"mv_{m}x{k}.o"),
-        notes={"blocks_per_core": blocks, "pretiled": pretiled},
+        kernels, notes={"blocks_per_core": blocks, "pretiled": pretiled},
     )  # fmt: skip
 
 
@@ -340,7 +348,7 @@ def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
     ks = [K // d for d in (1, 2, 4, 8, 16, 32, 64) if K % d == 0 and (K // d) % 32 == 0] or [K]
     cands = [
         gemv_schedule(array, N, K, dtype, m, k, cols, array.rows, pretiled=True)
-        for m in (64, 32, 16)  # mv.cc's vectorized kernel takes rows in groups of r = 16
+        for m in (64, 32, 16)  # the vectorized kernels take rows in groups of 16
         for k in ks
         for cols in sorted({1, array.columns})
         if m <= N
@@ -349,7 +357,7 @@ def plan_gemv(array: AieArray, N: int, K: int, dtype: str = "bf16") -> Schedule:
 
 
 def matmul_schedule(array: AieArray, rows: int, n_out: int, k_in: int, dtype: str) -> Schedule:
-    """GEMV (mv.cc) for a single bf16 row (decode), GEMM (mm.cc) otherwise: int8 rows pad to the MAC tile."""
+    """GEMV (gemv.cc) for a single bf16 row (decode), GEMM (mm.cc) otherwise: int8 rows pad to the MAC tile."""
     if rows == 1 and dtype != "i8":
         return plan_gemv(array, n_out, k_in, dtype)
     return plan_gemm(array, rows, k_in, n_out, dtype)
