@@ -88,8 +88,9 @@ def kernel_defines(obj: str, schedule, config: ModelConfig) -> list[str]:
             f"-DNORM_EPS={config.rms_eps!r}f",
         ]
     if obj == "attention.o":
-        rows = t["q_tile"] * p["n_heads"] // p["n_kv_heads"]
-        return [f"-DROWS={rows}", f"-DHEAD_DIM={p['head_dim']}", f"-DSCALE={config.attn_scale!r}f"]
+        group = p["n_heads"] // p["n_kv_heads"]
+        return [f"-DROWS={t['q_tile'] * group}", f"-DGROUP={group}", f"-DHEAD_DIM={p['head_dim']}",
+                f"-DCHUNK={t['kv_chunk']}", f"-DWINDOW={p['window']}", f"-DSCALE={config.attn_scale!r}f"]  # fmt: skip
     return []
 
 

@@ -106,17 +106,19 @@ def test_rmsnorm_runs_the_kernel_rows_of_its_schedule(rows, length):
 
 
 @pytest.mark.parametrize("window", [0, 8])
-@pytest.mark.parametrize("splits,chunk", [(1, 8), (3, 4), (5, 16)])
-def test_attention_schedule_matches_reference(window, splits, chunk):
+@pytest.mark.parametrize("q_tile,splits,chunk", [(1, 1, 8), (3, 3, 4), (2, 5, 16)])
+def test_attention_schedule_matches_reference(window, q_tile, splits, chunk):
     t, s, nh, nkv, d = 3, 21, 4, 2, 16
     q = RNG.standard_normal((t, nh * d)).astype(np.float32)
     k = RNG.standard_normal((s, nkv * d)).astype(np.float32)
     v = RNG.standard_normal((s, nkv * d)).astype(np.float32)
     qp, kp = np.array([18, 19, 20]), np.arange(s)
-    sched = attention_schedule(A, t, s, nh, nkv, d, 1, chunk, splits)
-    got = emu.attention(sched, A, q, k, v, qp, kp, 0.25, window)
+    sched = attention_schedule(A, t, s, nh, nkv, d, q_tile, chunk, splits, window=window)
+    got = emu.attention(sched, A, q, k, v, qp, kp, 0.25)
     want = ref.attention(q, k, v, qp, kp, nh, nkv, d, 0.25, window)
     assert np.abs(got - want).max() < 2e-2
+    with pytest.raises(ValueError, match="schedule is for"):
+        emu.attention(sched, A, q[:2], k, v, qp[:2], kp, 0.25)
 
 
 def test_emulator_refuses_schedules_that_do_not_fit():

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from workbench.backends.npu.arch import get_array
+from workbench.backends.npu.emulator import kernels as emu
+from workbench.backends.npu.emulator.numerics import to_bf16
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules
-from workbench.backends.npu.schedule import gemv_schedule, plan_rowwise
+from workbench.backends.npu.schedule import attention_schedule, gemv_schedule, plan_rowwise
 from workbench.models.config import preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +182,7 @@ def _run_design(monkeypatch, tmp_path, s) -> Rec:
 def test_design_calls_iron_as_the_schedule_says(monkeypatch, tmp_path, index):
     s = golden_schedules()[index]
     rec = _run_design(monkeypatch, tmp_path, s)
-    assert len(rec.workers) == s.columns * s.rows
+    assert len(rec.workers) == min(s.columns * s.rows, s.notes.get("work_items", s.columns * s.rows))
     assert len(set(rec.workers)) == len(rec.workers)  # one core per worker
     a = get_array(s.device)
     assert all(c < a.columns and 2 <= r < 2 + a.rows for c, r in rec.workers)
@@ -265,6 +267,87 @@ def test_rmsnorm_kernel_takes_its_length_from_the_schedule():
         assert f"R, L = {R}, {L}" in design_source(s)
 
 
+def test_attention_design_fills_every_work_item_once(monkeypatch, tmp_path):
+    s = next(g for g in golden_schedules() if g.op == "attention" and g.problem["T"] > 1)
+    items = s.notes["work_items"]
+    rec = _run_design(monkeypatch, tmp_path, s)
+    assert len(rec.drains) == items and len({tap[-1] for tap in rec.drains}) == items
+    assert len(rec.fills) == 3 * items  # q tile, K chunks (with positions), V chunks per item
+    kernels = {k.name: k for k in rec.kernels}
+    assert len(kernels["attn_chunk_bf16"].arg_types) == 4  # q (+ positions), k (+ positions), v, state
+
+
+def _attention_kernel_mirror(s, q, keys, values, q_pos, k_pos, scale):
+    """mlir/kernels/attention.cc in numpy on the packed inputs the attention design streams: work items
+    (KV head, split, query tile), rows token-major with the group's heads, positions padded with -1
+    (queries) and INT32_MAX (keys), split sp = padded keys [sp * chunks * chunk, ...), merged by log-sum-exp
+    on the host."""
+    p, t = s.problem, s.tile
+    nkv, d, window = p["n_kv_heads"], p["head_dim"], p["window"]
+    group, qt_len, chunk, splits = p["n_heads"] // nkv, t["q_tile"], t["kv_chunk"], t["splits"]
+    q_tiles, chunks = -(-p["T"] // qt_len), s.notes["chunks_per_item"]
+    s_pad = splits * chunks * chunk
+    qb = np.zeros((q_tiles * qt_len, nkv, group, d), np.float32)
+    qb[: p["T"]] = to_bf16(q).reshape(p["T"], nkv, group, d)
+    kb, vb = (np.zeros((s_pad, nkv, d), np.float32) for _ in range(2))
+    kb[: p["S"]], vb[: p["S"]] = to_bf16(keys).reshape(-1, nkv, d), to_bf16(values).reshape(-1, nkv, d)
+    qpos = np.full(q_tiles * qt_len, -1, np.int64)
+    qpos[: p["T"]] = q_pos
+    kpos = np.full(s_pad, 2**31 - 1, np.int64)
+    kpos[: p["S"]] = k_pos
+    parts = {}
+    for h in range(nkv):
+        for qt in range(q_tiles):
+            rows_q = qb[qt * qt_len : (qt + 1) * qt_len, h].reshape(-1, d)  # (token, head) rows
+            rows_p = qpos[qt * qt_len + np.arange(len(rows_q)) // group]
+            for sp in range(splits):
+                o = np.zeros((len(rows_q), d), np.float32)
+                m = np.full(len(rows_q), np.float32(-3.4e38))
+                l_sum = np.zeros(len(rows_q), np.float32)
+                for c in range(chunks):
+                    idx = sp * chunks * chunk + c * chunk + np.arange(chunk)
+                    seen = kpos[idx][None, :] <= rows_p[:, None]
+                    if window:
+                        seen &= kpos[idx][None, :] > rows_p[:, None] - window
+                    sc = (rows_q @ kb[idx, h].T) * np.float32(scale)
+                    m_new = np.maximum(m, np.where(seen, sc, -np.inf).max(axis=1))
+                    e = np.exp(np.where(seen, sc - m_new[:, None], -np.inf)).astype(np.float32)
+                    alpha = np.exp(m - m_new)
+                    l_sum = l_sum * alpha + e.sum(axis=1)
+                    o = o * alpha[:, None] + to_bf16(e) @ vb[idx, h]
+                    m = m_new
+                parts[h, qt, sp] = o, m, l_sum
+    out = np.zeros((q_tiles * qt_len, nkv, group, d), np.float32)
+    for h in range(nkv):
+        for qt in range(q_tiles):
+            ms = np.stack([parts[h, qt, sp][1] for sp in range(splits)])
+            wgt = np.exp(ms - ms.max(axis=0))
+            num = sum(parts[h, qt, sp][0] * wgt[sp][:, None] for sp in range(splits))
+            den = sum(parts[h, qt, sp][2] * wgt[sp] for sp in range(splits))
+            with np.errstate(invalid="ignore"):  # padding queries see nothing: 0 / 0, dropped below
+                out[qt * qt_len : (qt + 1) * qt_len, h] = (num / den[:, None]).reshape(qt_len, group, d)
+    return out[: p["T"]].reshape(p["T"], -1)
+
+
+@pytest.mark.parametrize("window", [0, 6])
+def test_attention_kernel_masks_prefill_tiles_like_the_emulator(window):
+    """Prefill query tiles (several queries per work item, keys of the same tile included, keys in ring
+    order, padding on both sides): the kernel's position masking on the design's packed inputs gives the
+    emulator's result."""
+    a = get_array("npu1")
+    T, S, nh, nkv, d = 5, 13, 4, 2, 8
+    s = attention_schedule(a, T, S, nh, nkv, d, 2, 4, 2, window=window)
+    q = RNG.standard_normal((T, nh * d)).astype(np.float32)
+    keys = RNG.standard_normal((S, nkv * d)).astype(np.float32)
+    values = RNG.standard_normal((S, nkv * d)).astype(np.float32)
+    q_pos, k_pos = np.arange(S - T, S), np.roll(np.arange(S), 5)
+    got = _attention_kernel_mirror(s, q, keys, values, q_pos, k_pos, 0.35)
+    want = emu.attention(s, a, q, keys, values, q_pos, k_pos, 0.35)
+    assert np.abs(got - want).max() < 1e-4
+    src = re.sub(r"//.*", "", (ROOT / "mlir" / "kernels" / "attention.cc").read_text())
+    assert "q_pos[r / GROUP]" in src and "k_pos[j]" in src and "WINDOW" in src
+
+
 def test_build_script_generates_and_says_nothing_compiled(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "mlir"))
     try:
@@ -318,10 +401,13 @@ def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
                 assert src.parent == Path("/opt/mlir-aie/aie_kernels", target)
             if src.name == "attention.cc":
                 p = s.problem
-                rows = s.tile["q_tile"] * p["n_heads"] // p["n_kv_heads"]
+                group = p["n_heads"] // p["n_kv_heads"]
                 assert {
-                    f"-DROWS={rows}",
+                    f"-DROWS={s.tile['q_tile'] * group}",
+                    f"-DGROUP={group}",
                     f"-DHEAD_DIM={p['head_dim']}",
+                    f"-DCHUNK={s.tile['kv_chunk']}",
+                    f"-DWINDOW={p['window']}",
                     f"-DSCALE={cfg.attn_scale!r}f",
                 } <= set(cmd)
             if src.name == "rmsnorm.cc":

@@ -7,6 +7,7 @@ import pytest
 
 from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.cost import estimate
+from workbench.backends.npu.iron import model_schedules
 from workbench.backends.npu.schedule import (
     ScheduleError,
     attention_schedule,
@@ -18,6 +19,7 @@ from workbench.backends.npu.schedule import (
     plan_rowwise,
 )
 from workbench.instrument.devices import get_profile
+from workbench.models.config import preset
 
 
 @pytest.mark.parametrize("key", ["npu1", "hawkpoint", "npu2"])
@@ -77,6 +79,18 @@ def test_tiles_respect_the_mac_tile_and_shapes():
     r, s_, t = a.mac_tile("bf16")
     assert g.tile["m"] % r == 0 and g.tile["k"] % s_ == 0 and g.tile["n"] % t == 0
     assert g.tile["M_pad"] >= 7 and g.tile["N_pad"] >= 1024
+
+
+def test_attention_schedules_carry_the_window_the_kernel_masks_with():
+    a = get_array("npu1")
+    assert plan_attention(a, 64, 512, 4, 1, 256, window=512).problem["window"] == 512
+    assert plan_attention(a, 64, 512, 4, 1, 256).problem["window"] == 0
+    with pytest.raises(ScheduleError, match="window must be >= 0"):
+        attention_schedule(a, 1, 512, 4, 1, 256, 1, 64, 1, window=-1)
+    with pytest.raises(ScheduleError, match="score buffer"):
+        attention_schedule(a, 1, 512, 4, 1, 256, 1, 128, 1)
+    windows = {s.problem["window"] for s in model_schedules(preset("gemma3-270m")) if s.op == "attention"}
+    assert windows == {0, 512}  # global and sliding layers
 
 
 def test_gemv_kernels_per_dtype():

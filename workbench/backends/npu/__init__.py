@@ -205,11 +205,10 @@ class NpuBackend(Backend):
             sl = slice(s.start, s.stop)
             keys, vals, kpos = s.cache.layers[op.layer].append(pos[sl], k[sl], v[sl])
             sched = plan_attention(
-                self.array, s.stop - s.start, len(kpos), a["n_heads"], a["n_kv_heads"], a["head_dim"]
-            )
-            out[sl] = emu.attention(
-                sched, self.array, q[sl], keys, vals, pos[sl], kpos, a["scale"], a.get("window", 0)
-            )
+                self.array, s.stop - s.start, len(kpos), a["n_heads"], a["n_kv_heads"], a["head_dim"],
+                window=a.get("window", 0),
+            )  # fmt: skip
+            out[sl] = emu.attention(sched, self.array, q[sl], keys, vals, pos[sl], kpos, a["scale"])
             seconds += self._charge(sched)
         env[op.outputs[0]] = out
         return seconds

@@ -6,7 +6,7 @@ whose constants come from the schedule. Running it with mlir-aie installed print
 ``aiecc.py`` compiles to ``final.xclbin`` + ``insts.bin`` (see ``mlir/build.py``). Kernels: mlir-aie's
 ``aie_kernels`` (``mm.cc``, ``mv.cc`` for i16 GEMV, ``softmax.cc``) where they fit, and ours in
 ``mlir/kernels``: ``gemv.cc`` (bf16 GEMV), ``rmsnorm.cc`` (RMSNorm of any row length) and ``attention.cc``
-(the attention chunk update).
+(the attention chunk update, masked by query and key positions).
 """
 
 from __future__ import annotations
@@ -258,58 +258,77 @@ def design():
 def _attention(s: Schedule) -> str:
     p, t = s.problem, s.tile
     group = p["n_heads"] // p["n_kv_heads"]
+    fifo = {f.name: f for f in s.fifos}
     return f"""
 def design():
     T, S = {p["T"]}, {p["S"]}
     n_kv, group, d = {p["n_kv_heads"]}, {group}, {p["head_dim"]}
+    # keys masked by position in attention.cc: causal, sliding window {p["window"]} (0: none) as its WINDOW
     q_tile, chunk, splits = {t["q_tile"]}, {t["kv_chunk"]}, {t["splits"]}
     n_cols, n_rows = {s.columns}, {s.rows}
     n_cores = n_cols * n_rows
     q_tiles = -(-T // q_tile)
-    items = n_kv * splits * q_tiles
-    items_per_core = -(-items // n_cores)
+    items = n_kv * splits * q_tiles  # work items (KV head, key split, query tile), item i on core i % n_cores
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // chunk)
-    q_ty = np.ndarray[(q_tile * group, d), np.dtype[bfloat16]]
-    kv_ty = np.ndarray[(chunk, d), np.dtype[bfloat16]]
-    o_ty = np.ndarray[(q_tile * group, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
-    init = Kernel("attn_init_f32", "attention.o", [o_ty])
-    update = Kernel("attn_chunk_bf16", "attention.o", [q_ty, kv_ty, kv_ty, o_ty, np.int32])
+    rows = q_tile * group
+    # int32 positions ride behind the bf16 data (2 slots each): the query tile's after its rows (token-major,
+    # the group's heads per token), each chunk's after its keys; padding queries -1, padding keys INT32_MAX
+    q_obj, k_obj = {fifo["q_L3L1"].shape[0]}, {fifo["k_L3L1"].shape[0]}
+    q_ty = np.ndarray[(q_obj,), np.dtype[bfloat16]]
+    k_ty = np.ndarray[(k_obj,), np.dtype[bfloat16]]
+    v_ty = np.ndarray[(chunk, d), np.dtype[bfloat16]]
+    o_ty = np.ndarray[(rows, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
+    init = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [o_ty])
+    update = Kernel("{s.kernels[1]}", "{s.kernels[2]}", [q_ty, k_ty, v_ty, o_ty])
 
-    def core_fn(of_q, of_k, of_v, of_o, init, update):
-        for _ in range_(items_per_core) if items_per_core > 1 else range(1):
-            q, o = of_q.acquire(1), of_o.acquire(1)
-            init(o)
-            for _ in range_(chunks) if chunks > 1 else range(1):
-                kc, vc = of_k.acquire(1), of_v.acquire(1)
-                update(q, kc, vc, o, chunk)
-                of_k.release(1)
-                of_v.release(1)
-            of_q.release(1)
-            of_o.release(1)
+    def core_fn_for(n_items):
+        def core_fn(of_q, of_k, of_v, of_o, init, update):
+            for _ in range_(n_items) if n_items > 1 else range(1):
+                q, o = of_q.acquire(1), of_o.acquire(1)
+                init(o)
+                for _ in range_(chunks) if chunks > 1 else range(1):
+                    kc, vc = of_k.acquire(1), of_v.acquire(1)
+                    update(q, kc, vc, o)
+                    of_k.release(1)
+                    of_v.release(1)
+                of_q.release(1)
+                of_o.release(1)
+
+        return core_fn
 
     fifos, workers = [], []
-    for c in range(n_cols):
-        for r in range(n_rows):
-            f = [ObjectFifo(q_ty, 1, name=f"q_{{c}}_{{r}}"),
-                 ObjectFifo(kv_ty, name=f"k_{{c}}_{{r}}"), ObjectFifo(kv_ty, name=f"v_{{c}}_{{r}}"),
-                 ObjectFifo(o_ty, 1, name=f"o_{{c}}_{{r}}")]
-            fifos.append(f)
-            workers.append(Worker(core_fn, [f[0].cons(), f[1].cons(), f[2].cons(), f[3].prod(), init, update],
-                                  placement=Tile(c, 2 + r)))
-    # K and V live in the KV cache as (S, n_kv * d): one head's rows are d contiguous values
-    kv_taps = TensorTiler2D.group_tiler((S, n_kv * d), (chunk, d), (chunks, 1))
+    for i in range(min(items, n_cores)):
+        c, r = i // n_rows, i % n_rows
+        f = [ObjectFifo(q_ty, 1, name=f"q_{{c}}_{{r}}"), ObjectFifo(k_ty, name=f"k_{{c}}_{{r}}"),
+             ObjectFifo(v_ty, name=f"v_{{c}}_{{r}}"), ObjectFifo(o_ty, 1, name=f"o_{{c}}_{{r}}")]
+        fifos.append(f)
+        workers.append(Worker(core_fn_for(len(range(i, items, n_cores))),
+                              [f[0].cons(), f[1].cons(), f[2].cons(), f[3].prod(), init, update],
+                              placement=Tile(c, 2 + r)))
+    # host layouts: Q packed per (KV head, query tile); K packed per KV head in chunks (keys, then their
+    # positions); V the KV cache (S_pad, n_kv * d), padded to whole chunks of every split; Out per work item
+    s_pad = splits * chunks * chunk
+    q_taps = TensorTiler2D.simple_tiler((n_kv * q_tiles, q_obj), (1, q_obj))
+    k_taps = TensorTiler2D.simple_tiler((n_kv * splits, chunks * k_obj), (1, chunks * k_obj))
+    v_taps = TensorTiler2D.group_tiler((s_pad, n_kv * d), (chunk, d), (chunks, 1))  # (split, KV head)
+    o_taps = TensorTiler2D.simple_tiler((items, rows * (d + 2)), (1, rows * (d + 2)))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(T * n_kv * group * d,), np.dtype[bfloat16]],
-                     np.ndarray[(S * n_kv * d,), np.dtype[bfloat16]], np.ndarray[(S * n_kv * d,), np.dtype[bfloat16]],
-                     np.ndarray[(items * q_tile * group * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, Out):
+    with rt.sequence(np.ndarray[(n_kv * q_tiles * q_obj,), np.dtype[bfloat16]],
+                     np.ndarray[(n_kv * splits * chunks * k_obj,), np.dtype[bfloat16]],
+                     np.ndarray[(s_pad * n_kv * d,), np.dtype[bfloat16]],
+                     np.ndarray[(items * rows * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, Out):
         rt.start(*workers)
-        for i in range(min(items, n_cores)):
-            q, kf, vf, of = fifos[i]
-            rt.fill(q.prod(), Q)
-            rt.fill(kf.prod(), K, kv_taps[i % len(kv_taps)])
-            rt.fill(vf.prod(), V, kv_taps[i % len(kv_taps)])
-            rt.drain(of.cons(), Out, wait=True)
+        for wave in range(0, items, n_cores):
+            batch = range(wave, min(items, wave + n_cores))
+            for i in batch:
+                h, sp, qt = i // (splits * q_tiles), i // q_tiles % splits, i % q_tiles
+                q, kf, vf, _ = fifos[i % n_cores]
+                rt.fill(q.prod(), Q, q_taps[h * q_tiles + qt])
+                rt.fill(kf.prod(), K, k_taps[h * splits + sp])
+                rt.fill(vf.prod(), V, v_taps[sp * n_kv + h])
+            for i in batch:
+                rt.drain(fifos[i % n_cores][3].cons(), Out, o_taps[i], wait=True)
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())
 """
 
@@ -366,8 +385,11 @@ def model_schedules(
         for r, length in ((t, c.hidden), (t * c.n_heads, c.head_dim), (t * c.n_kv_heads, c.head_dim)):
             s = plan_rowwise(a, "rmsnorm", r, length)
             out.setdefault(design_name(s), s)
-        s = plan_attention(a, t, max(t, c.sliding_window), c.n_heads, c.n_kv_heads, c.head_dim)
-        out.setdefault(design_name(s), s)
+        for window in sorted({c.sliding_window if c.is_sliding(i) else 0 for i in range(c.n_layers)}):
+            s = plan_attention(
+                a, t, max(t, c.sliding_window), c.n_heads, c.n_kv_heads, c.head_dim, window=window
+            )
+            out.setdefault(design_name(s), s)
     return list(out.values())
 
 
@@ -383,5 +405,6 @@ def golden_schedules() -> list[Schedule]:
         plan_gemm(n2, 1, 640, 1024, "i8"),
         plan_rowwise(n1, "rmsnorm", 1, 640),
         plan_rowwise(n1, "softmax", 4, 512),
-        plan_attention(n1, 1, 512, 4, 1, 256),
+        plan_attention(n1, 1, 512, 4, 1, 256, window=512),
+        plan_attention(n1, 64, 512, 4, 1, 256, window=512),  # prefill query tiles: masked in the kernel
     ]

@@ -32,6 +32,8 @@ NORM_LANES = 16
 # MAC for the squares, then two MACs, two conversions to bf16 and the weight multiply; softmax max, exp,
 # sum, scale and conversions
 ROWWISE_OPS_PER_ELEM = {"rmsnorm": 6, "softmax": 8}
+# keys per attention chunk at most (mlir/kernels/attention.cc keeps one score per key of a chunk)
+MAX_KV_CHUNK = 64
 
 
 class ScheduleError(ValueError):
@@ -40,6 +42,11 @@ class ScheduleError(ValueError):
 
 def ceil_to(x: int, m: int) -> int:
     return -(-x // m) * m
+
+
+def pos_slots(n: int, dtype: str) -> int:
+    """Elements of ``dtype`` that ``n`` int32 positions take behind the data of an object."""
+    return n * DTYPE_BYTES["i32"] // DTYPE_BYTES[dtype]
 
 
 @dataclass(frozen=True)
@@ -424,11 +431,20 @@ def attention_schedule(
     kv_chunk: int,
     splits: int,
     dtype: str = "bf16",
+    window: int = 0,
 ) -> Schedule:
     """Attention of T queries over S cached keys. Work items are (KV head, key split, query tile); each
     streams K and V of its split in chunks of ``kv_chunk`` keys, keeps a running max/sum in fp32
     (scores from bf16 inputs with fp32 accumulation, probabilities rounded to bf16 for P @ V), and the
-    partials of the splits are merged (log-sum-exp) at the end."""
+    partials of the splits are merged (log-sum-exp) at the end. Keys are masked by position inside the
+    kernel: a query at position p sees keys at positions k <= p (and k > p - ``window`` on sliding-window
+    layers; 0: none). Positions travel as int32 behind the bf16 data: the query tile's after its q rows,
+    each chunk's after its keys (:func:`pos_slots` bf16 slots each); padding queries carry -1 and padding
+    keys INT32_MAX, so the kernel masks them too."""
+    if kv_chunk > MAX_KV_CHUNK:
+        raise ScheduleError(f"attention: kv_chunk {kv_chunk} > {MAX_KV_CHUNK} (attention.cc's score buffer)")
+    if window < 0:
+        raise ScheduleError(f"attention: window must be >= 0 (0: no sliding window), got {window}")
     group = n_heads // n_kv_heads
     b = DTYPE_BYTES[dtype]
     qrows = q_tile * group
@@ -440,24 +456,28 @@ def attention_schedule(
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // kv_chunk)
     calls = -(-items // (columns * rows)) * chunks
+    q_obj = qrows * head_dim + pos_slots(q_tile, dtype)
+    k_obj = kv_chunk * head_dim + pos_slots(kv_chunk, dtype)
     fifos = (
-        Fifo("q_L3L1", "shim", "core", (qrows, head_dim), dtype, 1, per_call=False),
-        Fifo("k_L3L1", "shim", "core", (kv_chunk, head_dim), dtype),
+        Fifo("q_L3L1", "shim", "core", (q_obj,), dtype, 1, per_call=False),
+        Fifo("k_L3L1", "shim", "core", (k_obj,), dtype),
         Fifo("v_L3L1", "shim", "core", (kv_chunk, head_dim), dtype),
         Fifo("o_L1L3", "core", "shim", (qrows, head_dim + 2), "f32", 1, per_call=False),
     )
     scratch = qrows * kv_chunk * 4 + qrows * head_dim * 4  # scores and the fp32 output accumulator
-    kv_bytes = S * head_dim * b * n_kv_heads * q_tiles
+    # per item: its query tile once (packed per KV head and tile: one run), its split's K chunks (packed per
+    # KV head: one run per split) and V rows (the KV cache, rows of head_dim values)
+    split_keys = chunks * kv_chunk
     transfers = (
-        DdrTransfer("q", "in", T * n_heads * head_dim * b, head_dim * b, columns),
-        DdrTransfer("K", "in", kv_bytes, head_dim * b, columns, q_tiles),
-        DdrTransfer("V", "in", kv_bytes, head_dim * b, columns, q_tiles),
-        DdrTransfer("out", "out", T * n_heads * (head_dim + 2) * 4 * splits, head_dim * 4, columns),
+        DdrTransfer("q", "in", items * q_obj * b, q_obj * b, columns, splits),
+        DdrTransfer("K", "in", items * chunks * k_obj * b, chunks * k_obj * b, columns, q_tiles),
+        DdrTransfer("V", "in", items * split_keys * head_dim * b, head_dim * b, columns, q_tiles),
+        DdrTransfer("out", "out", items * qrows * (head_dim + 2) * 4, head_dim * 4, columns),
     )
     unit = "matrix" if qrows >= array.mac_tile(dtype)[0] else "vector"
     return Schedule(
         "attention", array.key, dtype, "f32",
-        {"T": T, "S": S, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim},
+        {"T": T, "S": S, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim, "window": window},
         {"q_tile": q_tile, "kv_chunk": kv_chunk, "splits": splits},
         columns, rows, fifos, transfers, calls, 2 * qrows * kv_chunk * head_dim, unit, 10 * qrows * kv_chunk,
         ("attn_init_f32", "attn_chunk_bf16", "attention.o"), scratch_bytes=scratch,
@@ -467,7 +487,14 @@ def attention_schedule(
 
 @lru_cache(maxsize=4096)
 def plan_attention(
-    array: AieArray, T: int, S: int, n_heads: int, n_kv_heads: int, head_dim: int, dtype: str = "bf16"
+    array: AieArray,
+    T: int,
+    S: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    dtype: str = "bf16",
+    window: int = 0,
 ) -> Schedule:
     cands = []
     for q_tile in sorted({min(T, q) for q in (64, 16, 4, 1)}, reverse=True):
@@ -476,7 +503,7 @@ def plan_attention(
             for splits in sorted({1, max_split}):
                 cands.append(
                     attention_schedule(
-                        array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, splits, dtype
+                        array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, splits, dtype, window
                     )
                 )
     return _best(cands, array, f"attention T={T} S={S}")

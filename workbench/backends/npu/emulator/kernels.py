@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arch import AieArray
-from ..schedule import NORM_LANES, Schedule
+from ..schedule import NORM_LANES, Schedule, ceil_to
 from .numerics import F32, quantize_rows_i8, srs, to_bf16
 
 
@@ -109,16 +109,20 @@ def attention(
     q_pos: np.ndarray,
     k_pos: np.ndarray,
     scale: float,
-    window: int = 0,
 ) -> np.ndarray:
-    """Causal (sliding-window) GQA attention as the schedule tiles it: per key split, chunks of
-    ``kv_chunk`` keys with an online softmax in fp32 (scores from bf16 q and K, probabilities rounded to
-    bf16 for P @ V), then the splits merged by log-sum-exp. Returns (T, n_heads * head_dim) fp32."""
+    """Causal (sliding-window) GQA attention as the schedule tiles it and ``mlir/kernels/attention.cc``
+    computes it: split ``i`` takes keys ``[i * chunks * kv_chunk, ...)`` (the design's padded splits), in
+    chunks of ``kv_chunk`` keys with an online softmax in fp32 (scores from bf16 q and K, probabilities
+    rounded to bf16 for P @ V), keys masked by position (``k <= q`` and, with the schedule's ``window``,
+    ``k > q - window``) inside each chunk; then the splits merged by log-sum-exp. Returns
+    (T, n_heads * head_dim) fp32."""
     schedule.check(array)
     p = schedule.problem
     nkv, d = p["n_kv_heads"], p["head_dim"]
     g = p["n_heads"] // nkv
-    t, s = q.shape[0], keys.shape[0]
+    t, s, window = q.shape[0], keys.shape[0], p["window"]
+    if (t, s) != (p["T"], p["S"]):
+        raise ValueError(f"attention: schedule is for T={p['T']} S={p['S']}, got T={t} S={s}")
     qh = to_bf16(q).reshape(t, nkv, g, d)
     kh = to_bf16(keys).reshape(s, nkv, d)
     vh = to_bf16(values).reshape(s, nkv, d)
@@ -126,7 +130,7 @@ def attention(
     if window:
         visible &= k_pos[None, :] > q_pos[:, None] - window
     splits, chunk = schedule.tile["splits"], schedule.tile["kv_chunk"]
-    per_split = -(-s // splits)
+    per_split = ceil_to(-(-s // splits), chunk)
     ms, ls, accs = [], [], []
     for s0 in range(0, s, per_split):
         m = np.full((t, nkv, g), -np.inf, F32)
