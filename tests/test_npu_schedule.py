@@ -9,10 +9,12 @@ from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.cost import estimate
 from workbench.backends.npu.iron import model_schedules
 from workbench.backends.npu.schedule import (
+    MM_EXPAND,
     ScheduleError,
     attention_schedule,
     gemm_schedule,
     gemv_schedule,
+    mm_multiples,
     plan_attention,
     plan_gemm,
     plan_gemv,
@@ -131,18 +133,31 @@ def test_cost_model_scales_sensibly():
 @pytest.mark.parametrize("shape", [(1, 640, 1024), (16, 640, 2048), (7, 2048, 640), (64, 5376, 21504)])
 @pytest.mark.parametrize("dtype", ["bf16", "i8"])
 def test_gemm_tiles_fit_mm_cc_expansion(device, shape, dtype):
-    """mm.cc computes 2 x 2 MAC tiles per step: m % 2r == 0 and n % 2t == 0 (static_assert in the kernel)."""
+    """mm.cc's static_asserts: m % (em * r) and n % (en * t) with the expansion of the kernel for that
+    architecture and dtype; recent aie2 (npu1) int8 and bf16 kernels need m % 16."""
     a = get_array(device)
     g = plan_gemm(a, *shape, dtype)
     r, s_, t = a.mac_tile(dtype)
-    assert g.tile["m"] % (2 * r) == 0 and g.tile["k"] % s_ == 0 and g.tile["n"] % (2 * t) == 0
+    em, en = MM_EXPAND[a.generation, dtype]
+    assert g.tile["m"] % (em * r) == 0 and g.tile["k"] % s_ == 0 and g.tile["n"] % (en * t) == 0
     assert g.kernels[0] == f"matmul_{dtype}_{g.dtype_out}"  # mm.cc's symbol; B's layout is a -D define
+
+
+def test_int8_gemm_tiles_on_npu1_are_multiples_of_16_rows():
+    """aie2 mm.cc's int8 kernels expand the 4x8x8 MAC tile 4 times in m (matmul_vectorized_4x2_mmul:
+    static_assert(m % (4 * r) == 0)): an 8-row int8 tile does not compile, so even decode pads to 16."""
+    a = get_array("npu1")
+    assert mm_multiples(a, "i8") == (16, 16) and mm_multiples(a, "i16") == (8, 8)
+    assert plan_gemm(a, 1, 640, 1024, "i8").tile["m"] == 16
+    with pytest.raises(ScheduleError, match=r"m % 16, k % 8 and n % 16 must be 0"):
+        gemm_schedule(a, 8, 640, 1024, "i8", 8, 64, 32, 1, 1)
+    assert gemm_schedule(a, 8, 640, 1024, "i16", 8, 64, 32, 1, 1).tile["m"] == 8  # i16 stays 2 x 2
 
 
 def test_gemm_rejects_tiles_mm_cc_cannot_run():
     a = get_array("npu1")
-    with pytest.raises(ScheduleError, match=r"mm\.cc needs m and n multiples"):
-        gemm_schedule(a, 16, 640, 2048, "bf16", 4, 128, 16, 4, 4)  # m = r: no 2 x 2 expansion
+    with pytest.raises(ScheduleError, match=r"mm\.cc expands the bf16 MAC tile 4x8x4 4 x 4 times"):
+        gemm_schedule(a, 16, 640, 2048, "bf16", 8, 128, 16, 4, 4)
     assert plan_gemm(a, 16, 640, 2048).tile["M_pad"] == 16  # fewer core rows rather than padded rows
 
 

@@ -26,8 +26,9 @@ DTYPE_BYTES = {"bf16": 2, "i8": 1, "i16": 2, "i32": 4, "f32": 4}
 # loads take two on the two load units); bf16 set so that a 64x64x64 mm.cc call sustains ~50% of the MAC
 # peak, the most whole-array bf16 GEMM reaches (DESIGN.md section 6, mlir-aie issue #2735)
 MAC_EFFICIENCY = {"i16": 1.0, "i8": 1.0, "bf16": 0.75}
-# cycles per output block (2r x 2t accumulators) of mm.cc's 2x2-expanded matmul kernels outside the
-# k-loop: load, shift-round-saturate and store the four accumulators, loop prologue and epilogue. Set so a
+# cycles per 2 x 2 group of output accumulators (2r x 2t values) of mm.cc's expanded matmul kernels outside
+# the k-loop: load, shift-round-saturate and store the four accumulators, loop prologue and epilogue (the
+# 4 x 2 and 4 x 4 expansions of recent aie2 kernels are charged per four accumulators alike). Set so a
 # 64x64x64 i16 call sustains 80% of the MAC peak, the most the kernels reach between their event0/event1
 # trace markers (mlir-aie issue #2735); small tiles pay it more often (32x32x32: 67%)
 BLOCK_CYCLES = 16

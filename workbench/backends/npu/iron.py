@@ -402,6 +402,7 @@ def golden_schedules() -> list[Schedule]:
     return [
         plan_gemv(n1, 1024, 640, "bf16"),
         plan_gemm(n1, 16, 640, 2048, "bf16"),
+        plan_gemm(n1, 1, 640, 1024, "i8"),  # aie2 int8 mm.cc: m % 16
         plan_gemm(n2, 1, 640, 1024, "i8"),
         plan_rowwise(n1, "rmsnorm", 1, 640),
         plan_rowwise(n1, "softmax", 4, 512),

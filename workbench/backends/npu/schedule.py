@@ -23,9 +23,19 @@ from .arch import DTYPE_BYTES, MAX_BURST_BYTES, AieArray
 OPS = ("gemm", "gemv", "rmsnorm", "softmax", "attention")
 # accumulator / output dtype of each input dtype (bf16 -> fp32; int8 -> int32 acc, shift-round-saturate to int16)
 OUT_DTYPE = {"bf16": "f32", "i8": "i16", "i16": "i32"}
-# mm.cc's kernels compute a 2 x 2 block of MAC tiles per inner step (static_assert m % 2r, n % 2t; some
-# releases' int8 kernels expand m 4 times: check the release you build with)
-MM_EXPAND = 2
+# How many MAC tiles (r, s, t) mm.cc's kernels expand per inner step, in m and in n: its static_asserts
+# need m % (em * r) == 0 and n % (en * t) == 0. Recent mlir-aie aie2 (npu1) mm.cc: int8 4 x 2
+# (matmul_vectorized_4x2_mmul: m % 16, n % 16), bf16 4 x 4 (m % 16, n % 16), i16 2 x 2 (m % 8, n % 8);
+# aie2p (npu2) mm.cc: 2 x 2 for every dtype. Older releases expand 2 x 2 everywhere, which these
+# multiples also satisfy.
+MM_EXPAND: dict[tuple[str, str], tuple[int, int]] = {
+    ("npu1", "i8"): (4, 2),
+    ("npu1", "bf16"): (4, 4),
+    ("npu1", "i16"): (2, 2),
+    ("npu2", "i8"): (2, 2),
+    ("npu2", "bf16"): (2, 2),
+    ("npu2", "i16"): (2, 2),
+}
 # RMSNorm kernel (mlir/kernels/rmsnorm.cc): bf16 x bf16 -> fp32 element-wise MACs of this many lanes
 NORM_LANES = 16
 # vector instructions per element of a row-wise op, over VECTOR_LANES_F32 lanes: RMSNorm per 16 values one
@@ -116,7 +126,7 @@ class Schedule:
     vector_ops_per_call: int
     kernels: tuple[str, ...]
     scratch_bytes: int = 0
-    blocks_per_call: int = 0  # output blocks of mm.cc's 2x2-expanded kernel per call (gemm)
+    blocks_per_call: int = 0  # 2 x 2 groups of output accumulators per mm.cc call (gemm; BLOCK_CYCLES each)
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -197,6 +207,13 @@ def _best(candidates: list[Schedule], array: AieArray, what: str) -> Schedule:
     return min(fitting, key=lambda s: estimate(s, array).seconds)
 
 
+def mm_multiples(array: AieArray, dtype: str) -> tuple[int, int]:
+    """What m and n of a GEMM tile must be multiples of for mm.cc on ``array`` (:data:`MM_EXPAND`)."""
+    r, _, t = array.mac_tile(dtype)
+    em, en = MM_EXPAND[array.generation, dtype]
+    return em * r, en * t
+
+
 def _mm_dims(r: int, s: int, t: int, m: int, k: int, n: int, b_col_maj: bool):
     a = ((m // r, r * k), (k // s, s), (r, k), (s, 1))
     b = (
@@ -229,11 +246,13 @@ def gemm_schedule(
     stored as N x K (our weights), so a B tile's contiguous runs are k long; ``pretiled_b``: B (a weight)
     was repacked at load time in tile order, so every B tile is one contiguous run."""
     r, s, t = array.mac_tile(dtype)
+    mr, nt = mm_multiples(array, dtype)
     out = dtype_out or OUT_DTYPE[dtype]
-    if m % (MM_EXPAND * r) or k % s or n % (MM_EXPAND * t):
+    if m % mr or k % s or n % nt:
+        em, en = MM_EXPAND[array.generation, dtype]
         raise ScheduleError(
-            f"gemm tile {m}x{k}x{n}: mm.cc needs m and n multiples of {MM_EXPAND}x the {dtype} MAC tile "
-            f"{r}x{s}x{t} (m % {MM_EXPAND * r}, k % {s}, n % {MM_EXPAND * t})"
+            f"gemm tile {m}x{k}x{n}: {array.generation} mm.cc expands the {dtype} MAC tile {r}x{s}x{t} "
+            f"{em} x {en} times: m % {mr}, k % {s} and n % {nt} must be 0"
         )
     if K % k:
         raise ScheduleError(f"gemm: K={K} is not a multiple of k={k}")
@@ -263,15 +282,15 @@ def gemm_schedule(
         {"m": m, "k": k, "n": n, "r": r, "s": s, "t": t, "M_pad": mp, "N_pad": np_},
         columns, rows, fifos, transfers, tiles * (K // k), m * k * n, "matrix", 0,
         (f"matmul_{dtype}_{out}", f"zero_{out}", f"mm_{m}x{k}x{n}.o"),
-        blocks_per_call=(m // (MM_EXPAND * r)) * (n // (MM_EXPAND * t)),
+        blocks_per_call=(m // (2 * r)) * (n // (2 * t)),
         notes={"b_col_maj": b_col_maj, "pretiled_b": pretiled_b, "tiles_per_core": tiles},
     )  # fmt: skip
 
 
 @lru_cache(maxsize=4096)
 def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> Schedule:
-    r, s, t = array.mac_tile(dtype)
-    mr, nt = MM_EXPAND * r, MM_EXPAND * t
+    s = array.mac_tile(dtype)[1]
+    mr, nt = mm_multiples(array, dtype)
     cands = []
     for m in sorted(
         {x for x in (64, 32, 16, 8) if x % mr == 0 and x <= max(mr, ceil_to(M, mr))}, reverse=True
