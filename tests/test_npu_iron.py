@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from npu_helpers import build_module, dma_walk
 
 from workbench.backends.npu.arch import get_array
-from workbench.backends.npu.emulator import kernels as emu
-from workbench.backends.npu.emulator.numerics import to_bf16
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules
-from workbench.backends.npu.schedule import attention_schedule, gemv_schedule, plan_rowwise
+from workbench.backends.npu.schedule import gemv_schedule, plan_rowwise
 from workbench.models.config import preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +200,7 @@ def _extern_c_signatures(source: Path) -> dict[str, list[str]]:
 @pytest.mark.parametrize("device,dtype", [("npu1", "bf16"), ("npu2", "int8")])
 def test_our_kernels_define_what_the_designs_call(monkeypatch, tmp_path, device, dtype):
     """Every kernel a design declares from mlir/kernels exists there with that many parameters."""
-    build = _build_module()
+    build = build_module()
     checked = set()
     for s in model_schedules(preset("gemma3-270m"), device, dtype, 64) + golden_schedules():
         for k in _run_design(monkeypatch, tmp_path, s).kernels:
@@ -215,37 +214,17 @@ def test_our_kernels_define_what_the_designs_call(monkeypatch, tmp_path, device,
     assert {"gemv_bf16_f32", "gemv_zero_f32", "rmsnorm_bf16", "attn_chunk_bf16"} <= checked
 
 
-def _dma_walk(buffer: np.ndarray, dims) -> np.ndarray:
-    """The order in which a DMA with access pattern ``dims`` ((size, stride) outermost first, in elements)
-    streams ``buffer``."""
-    index = np.zeros(1, np.int64)
-    for size, stride in dims:
-        index = (index[:, None] + stride * np.arange(size)[None, :]).reshape(-1)
-    return buffer.reshape(-1)[index]
-
-
 @pytest.mark.parametrize("m,k", [(16, 8), (64, 640), (32, 2048)])
-def test_gemv_kernel_layout_is_what_the_dma_pattern_delivers(m, k):
+def test_gemv_dma_pattern_delivers_the_layout_gemv_cc_indexes(m, k):
     """bf16 GEMV designs call mlir/kernels/gemv.cc (mv.cc's bf16 combo is commented out). The memory
-    tile's W_L2L1 pattern turns a row-major m x k tile into the layout the kernel indexes, (i, j) at
-    (j // 2) * 2m + 2i + j % 2; the kernel's lane scheme (even and odd columns in lanes 2r, 2r + 1 of 16-row
-    blocks, added at the end) then gives W @ x."""
+    tile's W_L2L1 pattern turns a row-major m x k tile into the layout the kernel indexes: (i, j) at
+    (j // 2) * 2m + 2i + j % 2 (test_npu_kernels_host runs the kernel itself on it)."""
     s = gemv_schedule(get_array("npu1"), 4 * m, k, "bf16", m, k, 1, 4)
     assert s.kernels == ("gemv_bf16_f32", "gemv_zero_f32", f"gemv_{m}x{k}.o")
     w = RNG.standard_normal((m, k))
-    x = RNG.standard_normal(k)
-    local = _dma_walk(w, next(f for f in s.fifos if f.name == "W_L2L1").dims)
+    local = dma_walk(w, next(f for f in s.fifos if f.name == "W_L2L1").dims)
     i, j = np.meshgrid(np.arange(m), np.arange(k), indexing="ij")
     assert np.array_equal(local[(j // 2) * 2 * m + 2 * i + j % 2], w)
-    y = np.zeros(m)
-    for row in range(0, m, 16):  # the kernel's loops, on the delivered layout
-        lanes = np.zeros(32)
-        for p in range(k // 2):
-            lanes += local[p * 2 * m + 2 * row : p * 2 * m + 2 * row + 32] * np.tile(x[2 * p : 2 * p + 2], 16)
-        y[row : row + 16] += lanes[0::2] + lanes[1::2]
-    assert np.allclose(y, w @ x)
-    src = (ROOT / "mlir" / "kernels" / "gemv.cc").read_text()
-    assert "accfloat" in src and "p * 2 * DIM_M" in src and "w + 2 * row" in src
 
 
 def test_rmsnorm_kernel_takes_its_length_from_the_schedule():
@@ -255,7 +234,7 @@ def test_rmsnorm_kernel_takes_its_length_from_the_schedule():
     code = re.sub(r"//.*", "", src)
     assert "1024" not in code and "NORM_LEN" in code and "NORM_ROWS" in code and "NORM_EPS" in code
     assert "accfloat" in code  # fp32 accumulation of the bf16 squares
-    build = _build_module()
+    build = build_module()
     cfg = preset("gemma3-270m")
     for R, L in ((1, 640), (64, 640), (256, 256), (64 * 4, 256)):
         s = plan_rowwise(get_array("npu1"), "rmsnorm", R, L)
@@ -277,83 +256,8 @@ def test_attention_design_fills_every_work_item_once(monkeypatch, tmp_path):
     assert len(kernels["attn_chunk_bf16"].arg_types) == 4  # q (+ positions), k (+ positions), v, state
 
 
-def _attention_kernel_mirror(s, q, keys, values, q_pos, k_pos, scale):
-    """mlir/kernels/attention.cc in numpy on the packed inputs the attention design streams: work items
-    (KV head, split, query tile), rows token-major with the group's heads, positions padded with -1
-    (queries) and INT32_MAX (keys), split sp = padded keys [sp * chunks * chunk, ...), merged by log-sum-exp
-    on the host."""
-    p, t = s.problem, s.tile
-    nkv, d, window = p["n_kv_heads"], p["head_dim"], p["window"]
-    group, qt_len, chunk, splits = p["n_heads"] // nkv, t["q_tile"], t["kv_chunk"], t["splits"]
-    q_tiles, chunks = -(-p["T"] // qt_len), s.notes["chunks_per_item"]
-    s_pad = splits * chunks * chunk
-    qb = np.zeros((q_tiles * qt_len, nkv, group, d), np.float32)
-    qb[: p["T"]] = to_bf16(q).reshape(p["T"], nkv, group, d)
-    kb, vb = (np.zeros((s_pad, nkv, d), np.float32) for _ in range(2))
-    kb[: p["S"]], vb[: p["S"]] = to_bf16(keys).reshape(-1, nkv, d), to_bf16(values).reshape(-1, nkv, d)
-    qpos = np.full(q_tiles * qt_len, -1, np.int64)
-    qpos[: p["T"]] = q_pos
-    kpos = np.full(s_pad, 2**31 - 1, np.int64)
-    kpos[: p["S"]] = k_pos
-    parts = {}
-    for h in range(nkv):
-        for qt in range(q_tiles):
-            rows_q = qb[qt * qt_len : (qt + 1) * qt_len, h].reshape(-1, d)  # (token, head) rows
-            rows_p = qpos[qt * qt_len + np.arange(len(rows_q)) // group]
-            for sp in range(splits):
-                o = np.zeros((len(rows_q), d), np.float32)
-                m = np.full(len(rows_q), np.float32(-3.4e38))
-                l_sum = np.zeros(len(rows_q), np.float32)
-                for c in range(chunks):
-                    idx = sp * chunks * chunk + c * chunk + np.arange(chunk)
-                    seen = kpos[idx][None, :] <= rows_p[:, None]
-                    if window:
-                        seen &= kpos[idx][None, :] > rows_p[:, None] - window
-                    sc = (rows_q @ kb[idx, h].T) * np.float32(scale)
-                    m_new = np.maximum(m, np.where(seen, sc, -np.inf).max(axis=1))
-                    e = np.exp(np.where(seen, sc - m_new[:, None], -np.inf)).astype(np.float32)
-                    alpha = np.exp(m - m_new)
-                    l_sum = l_sum * alpha + e.sum(axis=1)
-                    o = o * alpha[:, None] + to_bf16(e) @ vb[idx, h]
-                    m = m_new
-                parts[h, qt, sp] = o, m, l_sum
-    out = np.zeros((q_tiles * qt_len, nkv, group, d), np.float32)
-    for h in range(nkv):
-        for qt in range(q_tiles):
-            ms = np.stack([parts[h, qt, sp][1] for sp in range(splits)])
-            wgt = np.exp(ms - ms.max(axis=0))
-            num = sum(parts[h, qt, sp][0] * wgt[sp][:, None] for sp in range(splits))
-            den = sum(parts[h, qt, sp][2] * wgt[sp] for sp in range(splits))
-            with np.errstate(invalid="ignore"):  # padding queries see nothing: 0 / 0, dropped below
-                out[qt * qt_len : (qt + 1) * qt_len, h] = (num / den[:, None]).reshape(qt_len, group, d)
-    return out[: p["T"]].reshape(p["T"], -1)
-
-
-@pytest.mark.parametrize("window", [0, 6])
-def test_attention_kernel_masks_prefill_tiles_like_the_emulator(window):
-    """Prefill query tiles (several queries per work item, keys of the same tile included, keys in ring
-    order, padding on both sides): the kernel's position masking on the design's packed inputs gives the
-    emulator's result."""
-    a = get_array("npu1")
-    T, S, nh, nkv, d = 5, 13, 4, 2, 8
-    s = attention_schedule(a, T, S, nh, nkv, d, 2, 4, 2, window=window)
-    q = RNG.standard_normal((T, nh * d)).astype(np.float32)
-    keys = RNG.standard_normal((S, nkv * d)).astype(np.float32)
-    values = RNG.standard_normal((S, nkv * d)).astype(np.float32)
-    q_pos, k_pos = np.arange(S - T, S), np.roll(np.arange(S), 5)
-    got = _attention_kernel_mirror(s, q, keys, values, q_pos, k_pos, 0.35)
-    want = emu.attention(s, a, q, keys, values, q_pos, k_pos, 0.35)
-    assert np.abs(got - want).max() < 1e-4
-    src = re.sub(r"//.*", "", (ROOT / "mlir" / "kernels" / "attention.cc").read_text())
-    assert "q_pos[r / GROUP]" in src and "k_pos[j]" in src and "WINDOW" in src
-
-
 def test_build_script_generates_and_says_nothing_compiled(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "mlir"))
-    try:
-        import build
-    finally:
-        sys.path.pop(0)
+    build = build_module()
     if all(build.toolchain().values()):
         pytest.skip("mlir-aie toolchain present: this test checks its absence")
     assert build.main(["--out", str(tmp_path), "--model", "gemma3-270m"]) == 0
@@ -362,15 +266,6 @@ def test_build_script_generates_and_says_nothing_compiled(tmp_path, capsys):
     assert not list(tmp_path.rglob("*.xclbin"))
     assert "none compiled" in capsys.readouterr().err
     assert build.main(["--out", str(tmp_path), "--require-compile"]) == 2
-
-
-def _build_module():
-    sys.path.insert(0, str(ROOT / "mlir"))
-    try:
-        import build
-    finally:
-        sys.path.pop(0)
-    return build
 
 
 FAKE_TOOLS = {
@@ -385,7 +280,7 @@ FAKE_TOOLS = {
 def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
     """Each kernel compiles from its real source with mlir-aie's defines (no single-letter macros, which
     would clash with the kernels' template parameters), and aiecc.py links with Peano, not Chess."""
-    build = _build_module()
+    build = build_module()
     cfg = preset("gemma3-270m")
     for s in model_schedules(cfg, device, dtype, 16):
         *kernels, link = build.build_commands(s, FAKE_TOOLS, cfg)
@@ -429,7 +324,7 @@ def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
 
 def test_build_with_a_toolchain_runs_every_design_step(tmp_path, monkeypatch):
     """With a (stand-in) toolchain, main() runs design.py, the kernel compiles and aiecc.py per design."""
-    build = _build_module()
+    build = build_module()
     ran = []
 
     def fake_run(cmd, cwd=None, check=False, stdout=None, **kw):
@@ -447,7 +342,7 @@ def test_build_with_a_toolchain_runs_every_design_step(tmp_path, monkeypatch):
 
 
 def test_build_rejects_unknown_models_and_kernels(capsys):
-    build = _build_module()
+    build = build_module()
     with pytest.raises(SystemExit):
         build.main(["--model", "gemma9"])
     assert "unknown model config 'gemma9'" in capsys.readouterr().err

@@ -8,10 +8,12 @@
 //
 // Masking: a query at position p sees a key at position k when k <= p and, on sliding-window layers
 // (WINDOW > 0), k > p - WINDOW. Positions come with the data as int32 (two bf16 slots each): the query
-// tile's QTILE positions after its ROWS x HEAD_DIM values (row r is query r / GROUP: the GROUP heads that
-// share the KV head follow each other per token), each chunk's CHUNK key positions after its CHUNK x
-// HEAD_DIM keys. So prefill query tiles and keys in any order (ring buffers) are masked alike; padding
-// queries carry -1 and padding keys INT32_MAX and see / are seen by nothing.
+// tile's ROWS / GROUP positions after its ROWS x HEAD_DIM values (row r is query r / GROUP: the GROUP
+// heads that share the KV head follow each other per token), each chunk's CHUNK key positions after its
+// CHUNK x HEAD_DIM keys. So prefill query tiles and keys in any order (ring buffers) are masked alike;
+// padding queries carry -1 and padding keys INT32_MAX and see / are seen by nothing.
+// tests/test_npu_kernels_host.py compiles this file on the host against a stand-in for the AIE API and
+// checks it against the emulator.
 //
 // Layout of the state `o` (ROWS x (HEAD_DIM + 2) floats): HEAD_DIM unnormalized output values, running
 // max, running sum. A row that saw no key yet keeps max -3.4e38 and sum 0.
@@ -42,7 +44,6 @@
 
 static_assert(ROWS % GROUP == 0, "ROWS must be whole query tokens of GROUP heads");
 static_assert(CHUNK >= 1 && CHUNK <= 64, "CHUNK must be 1..64 (the planner's MAX_KV_CHUNK)");
-constexpr int kQTile = ROWS / GROUP;
 
 static inline float bf16_round(float x) { return static_cast<float>(static_cast<bfloat16>(x)); }
 
@@ -62,7 +63,7 @@ void attn_init_f32(float *o) {
   }
 }
 
-// q: ROWS x HEAD_DIM bf16 + kQTile int32 positions; k: CHUNK x HEAD_DIM bf16 + CHUNK int32 positions;
+// q: ROWS x HEAD_DIM bf16 + ROWS / GROUP int32 positions; k: CHUNK x HEAD_DIM bf16 + CHUNK int32 positions;
 // v: CHUNK x HEAD_DIM bf16; o: the state above, updated with the visible keys of this chunk
 void attn_chunk_bf16(bfloat16 *q, bfloat16 *k, bfloat16 *v, float *o) {
   const int32_t *q_pos = reinterpret_cast<const int32_t *>(q + ROWS * HEAD_DIM);

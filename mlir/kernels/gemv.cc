@@ -12,6 +12,8 @@
 // fp32 lanes (bf16 products are exact in fp32): lane 2r sums row r's even columns, lane 2r+1 its odd
 // columns. After the DIM_K columns, even + odd lanes give each row's dot product, added to y (fp32, zeroed
 // by gemv_zero_f32 before the first K block).
+// tests/test_npu_kernels_host.py compiles this file on the host against a stand-in for the AIE API and
+// checks it against the emulator.
 //===----------------------------------------------------------------------===//
 
 #include <aie_api/aie.hpp>

@@ -12,6 +12,8 @@
 //   3. the fp32 inv rides in two bf16 scalars (hi = bf16(inv), lo = bf16(inv - hi)): AIE2 has no fp32
 //      vector multiply, so x * hi + x * lo is accumulated in fp32 and rounded once to bf16
 //   4. that bf16 value times the bf16 weight, rounded to bf16 (round to nearest even throughout)
+// tests/test_npu_kernels_host.py compiles this file on the host against a stand-in for the AIE API and
+// checks it against the emulator.
 //===----------------------------------------------------------------------===//
 
 #include <aie_api/aie.hpp>

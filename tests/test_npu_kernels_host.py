@@ -1,0 +1,154 @@
+"""Our AIE kernels (mlir/kernels/*.cc) compiled with the host C++ compiler against a stand-in for the AIE
+API (tests/npu_host_aie: scalar loops with the API's documented semantics), with the very defines
+mlir/build.py passes for a schedule, run on the data layouts the designs stream and compared with the
+emulator. This checks the kernels' loops, indexing, masking and numerics as written; not the AIE
+compiler, the real API's code generation or timing (nothing here ran on an NPU)."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from npu_helpers import build_module, dma_walk
+
+from workbench.backends.npu.arch import get_array
+from workbench.backends.npu.emulator import kernels as emu
+from workbench.backends.npu.emulator.numerics import to_bf16
+from workbench.backends.npu.schedule import attention_schedule, gemv_schedule, rowwise_schedule
+from workbench.models.config import preset
+
+STAND_IN = Path(__file__).resolve().parent / "npu_host_aie"
+CXX = shutil.which("g++") or shutil.which("clang++")
+A = get_array("npu1")
+CFG = preset("gemma3-270m")
+RNG = np.random.default_rng(0)
+INT32_MAX = 2**31 - 1
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler (g++ or clang++)")
+
+
+def _compile(tmp_path: Path, schedule, obj: str, n_args: dict[str, int]) -> ctypes.CDLL:
+    """Kernel object ``obj`` of ``schedule`` built on the host with build.py's defines; ``n_args``: the
+    pointer arguments of each function to call."""
+    build = build_module()
+    src = build.kernel_source(obj, "aie2", {})
+    lib = tmp_path / (Path(obj).stem + ".so")
+    cmd = [CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-I", str(STAND_IN),
+           *build.kernel_defines(obj, schedule, CFG), str(src), "-o", str(lib)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    dll = ctypes.CDLL(str(lib))
+    for name, n in n_args.items():
+        getattr(dll, name).argtypes = [ctypes.c_void_p] * n
+        getattr(dll, name).restype = None
+    return dll
+
+
+def _ptr(a: np.ndarray) -> ctypes.c_void_p:
+    assert a.flags.c_contiguous
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray((to_bf16(x).view(np.uint32) >> 16).astype(np.uint16))
+
+
+def from_bits(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("rows,length,rows_per_call", [(2, 640, 1), (4, 256, 2), (1, 5376, 1)])
+def test_rmsnorm_kernel_is_bit_exact_with_the_emulator(tmp_path, rows, length, rows_per_call):
+    s = rowwise_schedule(A, "rmsnorm", rows, length, "bf16", rows_per_call, 1, True)
+    dll = _compile(tmp_path, s, s.kernels[1], {"rmsnorm_bf16": 3})
+    x = (3 * RNG.standard_normal((rows, length))).astype(np.float32)
+    w = (1 + 0.1 * RNG.standard_normal(length)).astype(np.float32)
+    xb, wb = bf16_bits(x), bf16_bits(w)
+    y = np.zeros_like(xb)
+    for r in range(0, rows, rows_per_call):  # one call per object of rows_per_call rows
+        dll.rmsnorm_bf16(_ptr(xb[r : r + rows_per_call]), _ptr(wb), _ptr(y[r : r + rows_per_call]))
+    want = emu.rmsnorm(s, A, x, to_bf16(w), CFG.rms_eps, None)
+    assert np.array_equal(from_bits(y), want)
+
+
+@pytest.mark.parametrize("m,k", [(16, 8), (32, 256), (64, 128)])
+def test_gemv_kernel_on_the_dma_layout_gives_w_times_x(tmp_path, m, k):
+    """bf16 GEMV designs call mlir/kernels/gemv.cc on W tiles as the memory tile's W_L2L1 pattern delivers
+    them; over two K blocks (zero, then accumulate) it gives the emulator's fp32 W @ x."""
+    s = gemv_schedule(A, 4 * m, 2 * k, "bf16", m, k, 1, 4)
+    dll = _compile(tmp_path, s, s.kernels[2], {"gemv_bf16_f32": 3, "gemv_zero_f32": 1})
+    w = RNG.standard_normal((m, 2 * k)).astype(np.float32)
+    x = RNG.standard_normal(2 * k).astype(np.float32)
+    dims = next(f for f in s.fifos if f.name == "W_L2L1").dims
+    y = np.full(m, np.nan, np.float32)
+    dll.gemv_zero_f32(_ptr(y))
+    for k0 in (0, k):
+        tile = dma_walk(bf16_bits(w[:, k0 : k0 + k]), dims)
+        dll.gemv_bf16_f32(_ptr(np.ascontiguousarray(tile)), _ptr(bf16_bits(x[k0 : k0 + k])), _ptr(y))
+    want = emu.matmul_bf16(s, A, x[None], to_bf16(w))[0]
+    assert np.allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def _attention_on_kernel(s, dll, q, keys, values, q_pos, k_pos) -> np.ndarray:
+    """The attention design's host side around the compiled kernel: Q packed per (KV head, query tile) with
+    the tile's positions (padding -1), K packed per KV head in chunks with their positions (padding
+    INT32_MAX), V padded, one state per work item updated chunk by chunk, splits merged by log-sum-exp."""
+    p, t = s.problem, s.tile
+    nkv, d = p["n_kv_heads"], p["head_dim"]
+    group, q_tile, chunk, splits = p["n_heads"] // nkv, t["q_tile"], t["kv_chunk"], t["splits"]
+    q_tiles, chunks = -(-p["T"] // q_tile), s.notes["chunks_per_item"]
+    s_pad, rows = splits * chunks * chunk, q_tile * group
+    qb = np.zeros((q_tiles * q_tile, nkv, group * d), np.float32)
+    qb[: p["T"]] = q.reshape(p["T"], nkv, group * d)
+    kb, vb = (np.zeros((s_pad, nkv, d), np.float32) for _ in range(2))
+    kb[: p["S"]], vb[: p["S"]] = keys.reshape(-1, nkv, d), values.reshape(-1, nkv, d)
+    qpos = np.full(q_tiles * q_tile, -1, np.int32)
+    qpos[: p["T"]] = q_pos
+    kpos = np.full(s_pad, INT32_MAX, np.int32)
+    kpos[: p["S"]] = k_pos
+    out = np.zeros((q_tiles * q_tile, nkv, group * d), np.float32)
+    for h in range(nkv):
+        for qt in range(q_tiles):
+            tokens = slice(qt * q_tile, (qt + 1) * q_tile)
+            q_obj = np.concatenate([bf16_bits(qb[tokens, h]).reshape(-1), qpos[tokens].view(np.uint16)])
+            states = []
+            for sp in range(splits):
+                state = np.zeros((rows, d + 2), np.float32)
+                dll.attn_init_f32(_ptr(state))
+                for c in range(chunks):
+                    idx = sp * chunks * chunk + c * chunk + np.arange(chunk)
+                    k_obj = np.concatenate([bf16_bits(kb[idx, h]).reshape(-1), kpos[idx].view(np.uint16)])
+                    v_obj = bf16_bits(vb[idx, h])
+                    dll.attn_chunk_bf16(_ptr(q_obj), _ptr(k_obj), _ptr(v_obj), _ptr(state))
+                states.append(state)
+            ms = np.stack([st[:, d] for st in states])
+            wgt = np.exp(ms - ms.max(axis=0))
+            num = sum(st[:, :d] * wg[:, None] for st, wg in zip(states, wgt))
+            den = sum(st[:, d + 1] * wg for st, wg in zip(states, wgt))
+            with np.errstate(invalid="ignore"):  # padding queries see nothing: 0 / 0, dropped below
+                out[tokens, h] = (num / den[:, None]).reshape(q_tile, group * d)
+    return out[: p["T"]].reshape(p["T"], -1)
+
+
+@pytest.mark.parametrize("window", [0, 6])
+def test_attention_kernel_masks_prefill_tiles_like_the_emulator(tmp_path, window):
+    """Prefill query tiles (several queries per work item, keys of the same tile included), keys in
+    ring-buffer order, padding queries and keys: the kernel's position masking gives the emulator's
+    result; without it (WINDOW and causality ignored) the result differs."""
+    T, S, nh, nkv, d = 5, 13, 4, 2, 8
+    s = attention_schedule(A, T, S, nh, nkv, d, 2, 4, 2, window=window)
+    dll = _compile(tmp_path, s, s.kernels[2], {"attn_init_f32": 1, "attn_chunk_bf16": 4})
+    q = RNG.standard_normal((T, nh * d)).astype(np.float32)
+    keys = RNG.standard_normal((S, nkv * d)).astype(np.float32)
+    values = RNG.standard_normal((S, nkv * d)).astype(np.float32)
+    q_pos, k_pos = np.arange(S - T, S), np.roll(np.arange(S), 5)
+    got = _attention_on_kernel(s, dll, q, keys, values, q_pos, k_pos)
+    want = emu.attention(s, A, q, keys, values, q_pos, k_pos, CFG.attn_scale)
+    assert np.abs(got - want).max() < 1e-4
+    every_key = attention_schedule(A, T, S, nh, nkv, d, 2, 4, 2)  # no window, and all keys at position 0:
+    unmasked = emu.attention(every_key, A, q, keys, values, q_pos, np.zeros(S, int), CFG.attn_scale)
+    assert np.abs(got - unmasked).max() > 1e-2  # the mask matters for this data
