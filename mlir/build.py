@@ -25,6 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from workbench.backends.npu.arch import get_array  # noqa: E402
+from workbench.backends.npu.channels import channel_violations  # noqa: E402
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules  # noqa: E402
 from workbench.models.config import ModelConfig, preset  # noqa: E402
 
@@ -165,16 +167,27 @@ def main(argv=None) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "design.py").write_text(design_source(s))
         (folder / "schedule.json").write_text(json.dumps(s.to_dict(), indent=1, default=list))
-        if missing:
+        over = channel_violations(s, get_array(args.device))  # static DMA channel check of the design
+        if over:
+            status = "compile FAILED: DMA channels over the tiles' limits: " + "; ".join(over)
+        elif missing:
             status = "generated only: mlir-aie toolchain absent (" + ", ".join(missing) + ")"
         else:
             try:
                 status = compile_design(folder, s, tools, config)
             except (subprocess.CalledProcessError, OSError, ValueError) as e:
                 status = f"compile FAILED: {e}"
-        manifest["designs"].append({"name": design_name(s), "folder": str(folder), "status": status})
+        manifest["designs"].append(
+            {
+                "name": design_name(s),
+                "folder": str(folder),
+                "status": status,
+                "dma_channels_over_limits": over,
+            }
+        )
         print(f"{design_name(s)}: {status}")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    failed = [d for d in manifest["designs"] if d["status"].startswith("compile FAILED")]
     if missing:
         print(
             f"\nmlir-aie toolchain not found ({', '.join(missing)}): {len(schedules)} designs generated in {out}, "
@@ -182,8 +195,7 @@ def main(argv=None) -> int:
             "MLIR_AIE_DIR (a tree with aie_kernels/ and include/) to build xclbins.",
             file=sys.stderr,
         )
-        return 2 if args.require_compile else 0
-    failed = [d for d in manifest["designs"] if d["status"].startswith("compile FAILED")]
+        return 1 if failed else 2 if args.require_compile else 0
     return 1 if failed else 0
 
 

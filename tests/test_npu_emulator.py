@@ -106,7 +106,7 @@ def test_rmsnorm_runs_the_kernel_rows_of_its_schedule(rows, length):
 
 
 @pytest.mark.parametrize("window", [0, 8])
-@pytest.mark.parametrize("q_tile,splits,chunk", [(1, 1, 8), (3, 3, 4), (2, 5, 16)])
+@pytest.mark.parametrize("q_tile,splits,chunk", [(1, 1, 8), (3, 3, 4), (2, 2, 16), (1, 8, 4)])
 def test_attention_schedule_matches_reference(window, q_tile, splits, chunk):
     t, s, nh, nkv, d = 3, 21, 4, 2, 16
     q = RNG.standard_normal((t, nh * d)).astype(np.float32)
@@ -119,6 +119,8 @@ def test_attention_schedule_matches_reference(window, q_tile, splits, chunk):
     assert np.abs(got - want).max() < 2e-2
     with pytest.raises(ValueError, match="schedule is for"):
         emu.attention(sched, A, q[:2], k, v, qp[:2], kp, 0.25)
+    with pytest.raises(ScheduleError, match="not a multiple of the 4 core rows"):
+        attention_schedule(A, t, s, nh, nkv, d, q_tile, chunk, 5, window=window)  # a column's cores share q
 
 
 def test_emulator_refuses_schedules_that_do_not_fit():

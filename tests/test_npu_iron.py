@@ -248,12 +248,16 @@ def test_rmsnorm_kernel_takes_its_length_from_the_schedule():
 
 def test_attention_design_fills_every_work_item_once(monkeypatch, tmp_path):
     s = next(g for g in golden_schedules() if g.op == "attention" and g.problem["T"] > 1)
-    items = s.notes["work_items"]
+    pairs = s.notes["work_items"] // s.rows  # (group, round): a column's cores take consecutive splits
     rec = _run_design(monkeypatch, tmp_path, s)
-    assert len(rec.drains) == items and len({tap[-1] for tap in rec.drains}) == items
-    assert len(rec.fills) == 3 * items  # q tile, K chunks (with positions), V chunks per item
+    assert len(rec.drains) == pairs and len({tap[-1] for tap in rec.drains}) == pairs
+    assert len(rec.fills) == 2 * pairs  # the group's q tile (broadcast), the cores' packed K|V chunks
+    q_fills = [tap for tap in rec.fills if tap[0] == "simple"]
+    assert sorted(tap[-1] for tap in q_fills) == sorted(
+        g for g in range(s.notes["groups"]) for _ in range(s.notes["rounds"])
+    )
     kernels = {k.name: k for k in rec.kernels}
-    assert len(kernels["attn_chunk_bf16"].arg_types) == 4  # q (+ positions), k (+ positions), v, state
+    assert len(kernels["attn_chunk_bf16"].arg_types) == 3  # q (+ positions), K|V chunk (+ positions), state
 
 
 def test_build_script_generates_and_says_nothing_compiled(tmp_path, capsys):
@@ -263,6 +267,9 @@ def test_build_script_generates_and_says_nothing_compiled(tmp_path, capsys):
     assert build.main(["--out", str(tmp_path), "--model", "gemma3-270m"]) == 0
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["designs"] and all(d["status"].startswith("generated only") for d in manifest["designs"])
+    assert all(
+        d["dma_channels_over_limits"] == [] for d in manifest["designs"]
+    )  # the static channel check ran
     assert not list(tmp_path.rglob("*.xclbin"))
     assert "none compiled" in capsys.readouterr().err
     assert build.main(["--out", str(tmp_path), "--require-compile"]) == 2

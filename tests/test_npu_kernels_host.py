@@ -95,8 +95,8 @@ def test_gemv_kernel_on_the_dma_layout_gives_w_times_x(tmp_path, m, k):
 
 def _attention_on_kernel(s, dll, q, keys, values, q_pos, k_pos) -> np.ndarray:
     """The attention design's host side around the compiled kernel: Q packed per (KV head, query tile) with
-    the tile's positions (padding -1), K packed per KV head in chunks with their positions (padding
-    INT32_MAX), V padded, one state per work item updated chunk by chunk, splits merged by log-sum-exp."""
+    the tile's positions (padding -1), K|V packed per KV head in chunks (keys, their positions with padding
+    INT32_MAX, values), one state per work item updated chunk by chunk, splits merged by log-sum-exp."""
     p, t = s.problem, s.tile
     nkv, d = p["n_kv_heads"], p["head_dim"]
     group, q_tile, chunk, splits = p["n_heads"] // nkv, t["q_tile"], t["kv_chunk"], t["splits"]
@@ -121,9 +121,14 @@ def _attention_on_kernel(s, dll, q, keys, values, q_pos, k_pos) -> np.ndarray:
                 dll.attn_init_f32(_ptr(state))
                 for c in range(chunks):
                     idx = sp * chunks * chunk + c * chunk + np.arange(chunk)
-                    k_obj = np.concatenate([bf16_bits(kb[idx, h]).reshape(-1), kpos[idx].view(np.uint16)])
-                    v_obj = bf16_bits(vb[idx, h])
-                    dll.attn_chunk_bf16(_ptr(q_obj), _ptr(k_obj), _ptr(v_obj), _ptr(state))
+                    kv_obj = np.concatenate(
+                        [
+                            bf16_bits(kb[idx, h]).reshape(-1),
+                            kpos[idx].view(np.uint16),
+                            bf16_bits(vb[idx, h]).reshape(-1),
+                        ]
+                    )
+                    dll.attn_chunk_bf16(_ptr(q_obj), _ptr(kv_obj), _ptr(state))
                 states.append(state)
             ms = np.stack([st[:, d] for st in states])
             wgt = np.exp(ms - ms.max(axis=0))
@@ -141,7 +146,7 @@ def test_attention_kernel_masks_prefill_tiles_like_the_emulator(tmp_path, window
     result; without it (WINDOW and causality ignored) the result differs."""
     T, S, nh, nkv, d = 5, 13, 4, 2, 8
     s = attention_schedule(A, T, S, nh, nkv, d, 2, 4, 2, window=window)
-    dll = _compile(tmp_path, s, s.kernels[2], {"attn_init_f32": 1, "attn_chunk_bf16": 4})
+    dll = _compile(tmp_path, s, s.kernels[2], {"attn_init_f32": 1, "attn_chunk_bf16": 3})
     q = RNG.standard_normal((T, nh * d)).astype(np.float32)
     keys = RNG.standard_normal((S, nkv * d)).astype(np.float32)
     values = RNG.standard_normal((S, nkv * d)).astype(np.float32)

@@ -110,7 +110,8 @@ def test_ddr_transfers_cover_the_problem():
     s = plan_gemv(a, 1024, 640)
     w = next(t for t in s.transfers if t.tensor == "W")
     assert w.nbytes == s.tile["N_pad"] * 640 * 2  # every bf16 weight read once
-    assert w.run_bytes == s.tile["m"] * s.tile["k"] * 2  # pre-tiled: one burst run per tile
+    # pre-tiled: one run per column object (the m x k tiles of the column's cores, split by its memory tile)
+    assert w.run_bytes == s.tile["m"] * s.rows * s.tile["k"] * 2
     g = gemm_schedule(a, 512, 512, 512, "i16", 64, 64, 32, 1, 1, dtype_out="i32", b_col_maj=False)
     c = next(t for t in g.transfers if t.tensor == "C")
     assert c.nbytes == 512 * 512 * 4 and c.run_bytes == 32 * 4
@@ -176,5 +177,5 @@ def test_single_buffering_is_never_faster(make):
     assert single.array_s >= double.array_s
     if single.bound.endswith("(single-buffered)"):
         assert single.array_s == pytest.approx(
-            single.compute_s + max(single.stream_s, single.shim_s, single.ddr_s)
+            single.compute_s + max(single.stream_s, single.memtile_s, single.shim_s, single.ddr_s)
         )

@@ -9,7 +9,7 @@ from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
 from ml_dtypes import bfloat16
 
-SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "f32", "fifos": [["q_L3L1", [1026], "bf16", 1], ["k_L3L1", [2064], "bf16", 2], ["v_L3L1", [8, 256], "bf16", 2], ["o_L1L3", [4, 258], "f32", 1]], "kernels": ["attn_init_f32", "attn_chunk_bf16", "attention.o"], "op": "attention", "problem": {"S": 512, "T": 1, "head_dim": 256, "n_heads": 4, "n_kv_heads": 1, "window": 512}, "rows": 4, "tile": {"kv_chunk": 8, "q_tile": 1, "splits": 16}}
+SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "f32", "fifos": [["q_L3L1", [1026], "bf16", 1], ["kv_L3L2", [16448], "bf16", 2], ["kv_L2L1", [4112], "bf16", 2], ["o_L1L2", [4, 258], "f32", 1], ["o_L2L3", [16, 258], "f32", 1]], "kernels": ["attn_init_f32", "attn_chunk_bf16", "attention.o"], "op": "attention", "problem": {"S": 512, "T": 1, "head_dim": 256, "n_heads": 4, "n_kv_heads": 1, "window": 512}, "rows": 4, "tile": {"kv_chunk": 8, "q_tile": 1, "splits": 16}}
 
 def design():
     T, S = 1, 512
@@ -17,69 +17,77 @@ def design():
     # keys masked by position in attention.cc: causal, sliding window 512 (0: none) as its WINDOW
     q_tile, chunk, splits = 1, 8, 16
     n_cols, n_rows = 4, 4
-    n_cores = n_cols * n_rows
     q_tiles = -(-T // q_tile)
-    items = n_kv * splits * q_tiles  # work items (KV head, key split, query tile), item i on core i % n_cores
+    groups = n_kv * q_tiles  # (KV head, query tile)
+    rounds = splits // n_rows  # in round u of group g core r takes key split u * n_rows + r of g
+    pairs = groups * rounds  # pair g * rounds + u on column (g * rounds + u) % n_cols
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // chunk)
     rows = q_tile * group
     # int32 positions ride behind the bf16 data (2 slots each): the query tile's after its rows (token-major,
-    # the group's heads per token), each chunk's after its keys; padding queries -1, padding keys INT32_MAX
-    q_obj, k_obj = 1026, 2064
+    # the group's heads per token); a K|V chunk is its keys, their positions (padding INT32_MAX), its values
+    q_obj, kv_obj = 1026, 4112
     q_ty = np.ndarray[(q_obj,), np.dtype[bfloat16]]
-    k_ty = np.ndarray[(k_obj,), np.dtype[bfloat16]]
-    v_ty = np.ndarray[(chunk, d), np.dtype[bfloat16]]
+    kv_ty = np.ndarray[(kv_obj,), np.dtype[bfloat16]]
+    kv_col_ty = np.ndarray[(n_rows * kv_obj,), np.dtype[bfloat16]]
     o_ty = np.ndarray[(rows, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
+    o_col_ty = np.ndarray[(n_rows * rows, d + 2), np.dtype[np.float32]]
     init = Kernel("attn_init_f32", "attention.o", [o_ty])
-    update = Kernel("attn_chunk_bf16", "attention.o", [q_ty, k_ty, v_ty, o_ty])
+    update = Kernel("attn_chunk_bf16", "attention.o", [q_ty, kv_ty, o_ty])
 
     def core_fn_for(n_items):
-        def core_fn(of_q, of_k, of_v, of_o, init, update):
+        def core_fn(of_q, of_kv, of_o, init, update):
             for _ in range_(n_items) if n_items > 1 else range(1):
                 q, o = of_q.acquire(1), of_o.acquire(1)
                 init(o)
                 for _ in range_(chunks) if chunks > 1 else range(1):
-                    kc, vc = of_k.acquire(1), of_v.acquire(1)
-                    update(q, kc, vc, o)
-                    of_k.release(1)
-                    of_v.release(1)
+                    kv = of_kv.acquire(1)
+                    update(q, kv, o)
+                    of_kv.release(1)
                 of_q.release(1)
                 of_o.release(1)
 
         return core_fn
 
-    fifos, workers = [], []
-    for i in range(min(items, n_cores)):
-        c, r = i // n_rows, i % n_rows
-        f = [ObjectFifo(q_ty, 1, name=f"q_{c}_{r}"), ObjectFifo(k_ty, name=f"k_{c}_{r}"),
-             ObjectFifo(v_ty, name=f"v_{c}_{r}"), ObjectFifo(o_ty, 1, name=f"o_{c}_{r}")]
-        fifos.append(f)
-        workers.append(Worker(core_fn_for(len(range(i, items, n_cores))),
-                              [f[0].cons(), f[1].cons(), f[2].cons(), f[3].prod(), init, update],
-                              placement=Tile(c, 2 + r)))
-    # host layouts: Q packed per (KV head, query tile); K packed per KV head in chunks (keys, then their
-    # positions); V the KV cache (S_pad, n_kv * d), padded to whole chunks of every split; Out per work item
-    s_pad = splits * chunks * chunk
-    q_taps = TensorTiler2D.simple_tiler((n_kv * q_tiles, q_obj), (1, q_obj))
-    k_taps = TensorTiler2D.simple_tiler((n_kv * splits, chunks * k_obj), (1, chunks * k_obj))
-    v_taps = TensorTiler2D.group_tiler((s_pad, n_kv * d), (chunk, d), (chunks, 1))  # (split, KV head)
-    o_taps = TensorTiler2D.simple_tiler((items, rows * (d + 2)), (1, rows * (d + 2)))
+    # per column: the query tile broadcast from the shim to its cores; the K|V chunks of its cores in one
+    # stream split by the memory tile; their states joined there into one output stream
+    q_in = [ObjectFifo(q_ty, 1, name=f"q_L3L1_{c}") for c in range(n_cols)]
+    kv_in = [ObjectFifo(kv_col_ty, name=f"kv_L3L2_{c}") for c in range(n_cols)]
+    kv_l1 = [
+        kv_in[c].cons().split([kv_obj * r for r in range(n_rows)], obj_types=[kv_ty] * n_rows,
+                              names=[f"kv_L2L1_{c}_{r}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    o_out = [ObjectFifo(o_col_ty, 1, name=f"o_L2L3_{c}") for c in range(n_cols)]
+    o_l1 = [
+        o_out[c].prod().join([rows * (d + 2) * r for r in range(n_rows)], obj_types=[o_ty] * n_rows,
+                             names=[f"o_L1L2_{c}_{r}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    workers = [
+        Worker(core_fn_for(len(range(c, pairs, n_cols))),
+               [q_in[c].cons(), kv_l1[c][r].cons(), o_l1[c][r].prod(), init, update], placement=Tile(c, 2 + r))
+        for c in range(n_cols)
+        for r in range(n_rows)
+    ]
+    # host layouts: Q packed per group; K|V packed per (KV head, split) in chunks; Out per work item
+    # (group, split)
+    q_taps = TensorTiler2D.simple_tiler((groups, q_obj), (1, q_obj))
+    kv_taps = TensorTiler2D.group_tiler((n_kv * splits, chunks * kv_obj), (n_rows, kv_obj), (1, chunks))
+    o_taps = TensorTiler2D.simple_tiler((pairs, n_rows * rows * (d + 2)), (1, n_rows * rows * (d + 2)))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(n_kv * q_tiles * q_obj,), np.dtype[bfloat16]],
-                     np.ndarray[(n_kv * splits * chunks * k_obj,), np.dtype[bfloat16]],
-                     np.ndarray[(s_pad * n_kv * d,), np.dtype[bfloat16]],
-                     np.ndarray[(items * rows * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, Out):
+    with rt.sequence(np.ndarray[(groups * q_obj,), np.dtype[bfloat16]],
+                     np.ndarray[(n_kv * splits * chunks * kv_obj,), np.dtype[bfloat16]],
+                     np.ndarray[(groups * splits * rows * (d + 2),), np.dtype[np.float32]]) as (Q, KV, Out):
         rt.start(*workers)
-        for wave in range(0, items, n_cores):
-            batch = range(wave, min(items, wave + n_cores))
+        for wave in range(0, pairs, n_cols):
+            batch = range(wave, min(pairs, wave + n_cols))
             for i in batch:
-                h, sp, qt = i // (splits * q_tiles), i // q_tiles % splits, i % q_tiles
-                q, kf, vf, _ = fifos[i % n_cores]
-                rt.fill(q.prod(), Q, q_taps[h * q_tiles + qt])
-                rt.fill(kf.prod(), K, k_taps[h * splits + sp])
-                rt.fill(vf.prod(), V, v_taps[sp * n_kv + h])
+                g, u = divmod(i, rounds)
+                rt.fill(q_in[i % n_cols].prod(), Q, q_taps[g], placement=Tile(i % n_cols, 0))
+                rt.fill(kv_in[i % n_cols].prod(), KV, kv_taps[g // q_tiles * rounds + u], placement=Tile(i % n_cols, 0))
             for i in batch:
-                rt.drain(fifos[i % n_cores][3].cons(), Out, o_taps[i], wait=True)
+                rt.drain(o_out[i % n_cols].cons(), Out, o_taps[i], wait=True, placement=Tile(i % n_cols, 0))
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
 
 

@@ -28,7 +28,8 @@ def design():
     zero = Kernel("zero_i16", "mm_16x128x32.o", [c_ty])
     matmul = Kernel("matmul_i8_i16", "mm_16x128x32.o", [a_ty, b_ty, c_ty])
 
-    # A: one stream per core row, broadcast along the row; B: one stream per column, broadcast down it
+    # A: one stream per core row (shim and memory tile of column r), broadcast along the row; B: one stream
+    # per column, broadcast down it; C: the column's tiles joined in its memory tile (DMA channel limits)
     a_in = [ObjectFifo(a_ty, depth, name=f"A_L3L2_{r}") for r in range(n_rows)]
     a_l1 = [
         a_in[r].cons().forward(name=f"A_L2L1_{r}", dims_to_stream=a_dims, placement=Tile(r % n_cols, 1))
@@ -80,12 +81,12 @@ def design():
         rt.start(*workers)
         for r in range(n_rows):
             for tap in a_taps[r::n_rows]:
-                rt.fill(a_in[r].prod(), A, tap)
+                rt.fill(a_in[r].prod(), A, tap, placement=Tile(r % n_cols, 0))
         for c in range(n_cols):
             for tap in b_taps[c::n_cols]:
-                rt.fill(b_in[c].prod(), B, tap)
+                rt.fill(b_in[c].prod(), B, tap, placement=Tile(c, 0))
             for tap in c_taps[c::n_cols]:
-                rt.drain(c_out[c].cons(), C, tap, wait=True)
+                rt.drain(c_out[c].cons(), C, tap, wait=True, placement=Tile(c, 0))
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
 
 

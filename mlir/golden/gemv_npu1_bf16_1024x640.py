@@ -22,14 +22,39 @@ def design():
     blocks = N // (m * n_cores)
 
     w_ty = np.ndarray[(m, k), np.dtype[t_in]]
+    w_col_ty = np.ndarray[(m * n_rows, k), np.dtype[t_in]]
     x_ty = np.ndarray[(k,), np.dtype[t_in]]
     y_ty = np.ndarray[(m,), np.dtype[t_out]]
+    y_col_ty = np.ndarray[(m * n_rows,), np.dtype[t_out]]
     zero = Kernel("gemv_zero_f32", "gemv_16x160.o", [y_ty])
     matvec = Kernel("gemv_bf16_f32", "gemv_16x160.o", [w_ty, x_ty, y_ty])
 
+    # per column: one W stream split by the memory tile to the cores, one x stream forwarded and broadcast
+    # to them, their y blocks joined into one output stream (2 + 1 shim channels, n_rows + 2 each way in
+    # the memory tile, 2 + 1 per core)
+    w_in = [ObjectFifo(w_col_ty, depth, name=f"W_L3L2_{c}") for c in range(n_cols)]
+    w_l1 = [
+        w_in[c].cons().split(
+            [m * k * r for r in range(n_rows)],
+            obj_types=[w_ty] * n_rows,
+            names=[f"W_L2L1_{c}_{r}" for r in range(n_rows)],
+            dims_to_stream=[w_dims] * n_rows,
+            placement=Tile(c, 1),
+        )
+        for c in range(n_cols)
+    ]
     x_in = [ObjectFifo(x_ty, depth, name=f"x_L3L2_{c}") for c in range(n_cols)]
     x_l1 = [x_in[c].cons().forward(name=f"x_L2L1_{c}", placement=Tile(c, 1)) for c in range(n_cols)]
-    w_in, y_out, workers = [], [], []
+    y_out = [ObjectFifo(y_col_ty, depth, name=f"y_L2L3_{c}") for c in range(n_cols)]
+    y_l1 = [
+        y_out[c].prod().join(
+            [m * r for r in range(n_rows)],
+            obj_types=[y_ty] * n_rows,
+            names=[f"y_L1L2_{c}_{r}" for r in range(n_rows)],
+            placement=Tile(c, 1),
+        )
+        for c in range(n_cols)
+    ]
 
     def core_fn(of_w, of_x, of_y, zero, matvec):
         for _ in range_(blocks) if blocks > 1 else range(1):
@@ -42,32 +67,31 @@ def design():
                 of_x.release(1)
             of_y.release(1)
 
-    for c in range(n_cols):
-        for r in range(n_rows):
-            w = ObjectFifo(w_ty, depth, name=f"W_L3L2_{c}_{r}")
-            w_in.append(w)
-            w_l1 = w.cons().forward(name=f"W_L2L1_{c}_{r}", dims_to_stream=w_dims, placement=Tile(c, 1))
-            y = ObjectFifo(y_ty, depth, name=f"y_L1L3_{c}_{r}")
-            y_out.append(y)
-            workers.append(
-                Worker(core_fn, [w_l1.cons(), x_l1[c].cons(), y.prod(), zero, matvec], placement=Tile(c, 2 + r))
-            )
-    rows_per_core = N // n_cores
-    if True:  # W repacked at load time in tile order: each tile one contiguous run
-        w_taps = TensorTiler2D.simple_tiler((N * K // (m * k), m * k), (blocks * K // k, m * k))
+    workers = [
+        Worker(core_fn, [w_l1[c][r].cons(), x_l1[c].cons(), y_l1[c][r].prod(), zero, matvec], placement=Tile(c, 2 + r))
+        for c in range(n_cols)
+        for r in range(n_rows)
+    ]
+    # column c's b-th block: W rows [(b * n_cols + c) * n_rows * m, ...), its cores' m rows each in order
+    if True:  # W repacked at load time in the order the columns stream it: one run per tile
+        w_taps = TensorTiler2D.simple_tiler((N * K // (m * n_rows * k), m * n_rows * k), (blocks * K // k, m * n_rows * k))
     else:
-        w_taps = TensorTiler2D.group_tiler((N, K), (m, k), (blocks, K // k))
+        w_taps = TensorTiler2D.group_tiler((N, K), (m * n_rows, k), (1, K // k))
     x_tap = TensorTiler2D.simple_tiler((1, K), pattern_repeat=blocks)[0]
-    y_taps = TensorTiler2D.simple_tiler((1, N), (1, rows_per_core))
+    y_taps = TensorTiler2D.simple_tiler((N // (m * n_rows), m * n_rows), (1, m * n_rows))
     rt = Runtime()
     with rt.sequence(np.ndarray[(N * K,), np.dtype[t_in]], np.ndarray[(K,), np.dtype[t_in]],
                      np.ndarray[(N,), np.dtype[t_out]]) as (W, X, Y):
         rt.start(*workers)
         for c in range(n_cols):
-            rt.fill(x_in[c].prod(), X, x_tap)
-        for i in range(n_cores):
-            rt.fill(w_in[i].prod(), W, w_taps[i])
-            rt.drain(y_out[i].cons(), Y, y_taps[i], wait=True)
+            rt.fill(x_in[c].prod(), X, x_tap, placement=Tile(c, 0))
+            if True:
+                rt.fill(w_in[c].prod(), W, w_taps[c], placement=Tile(c, 0))
+            else:
+                for tap in w_taps[c::n_cols]:
+                    rt.fill(w_in[c].prod(), W, tap, placement=Tile(c, 0))
+            for tap in y_taps[c::n_cols]:
+                rt.drain(y_out[c].cons(), Y, tap, wait=True, placement=Tile(c, 0))
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
 
 

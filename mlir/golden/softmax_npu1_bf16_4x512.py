@@ -9,7 +9,7 @@ from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
 from ml_dtypes import bfloat16
 
-SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "bf16", "fifos": [["in_L3L1", [1, 512], "bf16", 2], ["out_L1L3", [1, 512], "bf16", 2]], "kernels": ["softmax_bf16", "softmax.o"], "op": "softmax", "problem": {"L": 512, "R": 4}, "rows": 4, "tile": {"rows_per_call": 1}}
+SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "bf16", "dtype_out": "bf16", "fifos": [["in_L3L2", [4, 512], "bf16", 2], ["in_L2L1", [1, 512], "bf16", 2], ["out_L1L2", [1, 512], "bf16", 2], ["out_L2L3", [4, 512], "bf16", 2]], "kernels": ["softmax_bf16", "softmax.o"], "op": "softmax", "problem": {"L": 512, "R": 4}, "rows": 4, "tile": {"rows_per_call": 1}}
 
 def design():
     R, L = 4, 512
@@ -30,22 +30,37 @@ def design():
     def args(c, x, y):
         return [x.cons(), y.prod(), softmax]
 
-    x_in, y_out, workers = [], [], []
-    for c in range(n_cols):
-        for r in range(n_rows):
-            x_in.append(ObjectFifo(row_ty, name=f"in_{c}_{r}"))
-            y_out.append(ObjectFifo(row_ty, name=f"out_{c}_{r}"))
-            workers.append(Worker(core_fn, args(c, x_in[-1], y_out[-1]), placement=Tile(c, 2 + r)))
-    per_core = calls * rows_per_call * L
-    taps = TensorTiler2D.simple_tiler((n_cores, per_core), (1, per_core))
+    # per column: one input stream split by the memory tile to the cores, their outputs joined into one
+    # output stream; call j of column c takes the next n_rows * rows_per_call rows of the column's range
+    col_ty = np.ndarray[(n_rows * rows_per_call * L,), np.dtype[bfloat16]]
+    x_in = [ObjectFifo(col_ty, name=f"in_L3L2_{c}") for c in range(n_cols)]
+    y_out = [ObjectFifo(col_ty, name=f"out_L2L3_{c}") for c in range(n_cols)]
+    offsets = [rows_per_call * L * r for r in range(n_rows)]
+    x_l1 = [
+        x_in[c].cons().split(offsets, obj_types=[row_ty] * n_rows,
+                             names=[f"in_L2L1_{c}_{r}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    y_l1 = [
+        y_out[c].prod().join(offsets, obj_types=[row_ty] * n_rows,
+                             names=[f"out_L1L2_{c}_{r}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    workers = [
+        Worker(core_fn, args(c, x_l1[c][r], y_l1[c][r]), placement=Tile(c, 2 + r))
+        for c in range(n_cols)
+        for r in range(n_rows)
+    ]
+    per_col = calls * n_rows * rows_per_call * L
+    taps = TensorTiler2D.simple_tiler((n_cols, per_col), (1, per_col))
     rt = Runtime()
-    x_ty = np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]
+    x_ty = np.ndarray[(n_cols * per_col,), np.dtype[bfloat16]]
     with rt.sequence(x_ty, x_ty) as (X, Y):
         rt.start(*workers)
         # no weight
-        for i in range(n_cores):
-            rt.fill(x_in[i].prod(), X, taps[i])
-            rt.drain(y_out[i].cons(), Y, taps[i], wait=True)
+        for c in range(n_cols):
+            rt.fill(x_in[c].prod(), X, taps[c], placement=Tile(c, 0))
+            rt.drain(y_out[c].cons(), Y, taps[c], wait=True, placement=Tile(c, 0))
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())
 
 

@@ -10,8 +10,9 @@
 // (WINDOW > 0), k > p - WINDOW. Positions come with the data as int32 (two bf16 slots each): the query
 // tile's ROWS / GROUP positions after its ROWS x HEAD_DIM values (row r is query r / GROUP: the GROUP
 // heads that share the KV head follow each other per token), each chunk's CHUNK key positions after its
-// CHUNK x HEAD_DIM keys. So prefill query tiles and keys in any order (ring buffers) are masked alike;
-// padding queries carry -1 and padding keys INT32_MAX and see / are seen by nothing.
+// CHUNK x HEAD_DIM keys (its CHUNK x HEAD_DIM values after those: one K|V object, one DMA channel). So
+// prefill query tiles and keys in any order (ring buffers) are masked alike; padding queries carry -1 and
+// padding keys INT32_MAX and see / are seen by nothing.
 // tests/test_npu_kernels_host.py compiles this file on the host against a stand-in for the AIE API and
 // checks it against the emulator.
 //
@@ -63,11 +64,14 @@ void attn_init_f32(float *o) {
   }
 }
 
-// q: ROWS x HEAD_DIM bf16 + ROWS / GROUP int32 positions; k: CHUNK x HEAD_DIM bf16 + CHUNK int32 positions;
-// v: CHUNK x HEAD_DIM bf16; o: the state above, updated with the visible keys of this chunk
-void attn_chunk_bf16(bfloat16 *q, bfloat16 *k, bfloat16 *v, float *o) {
+// q: ROWS x HEAD_DIM bf16 + ROWS / GROUP int32 positions; kv: one K|V chunk as one object (one DMA
+// channel): CHUNK x HEAD_DIM bf16 keys, CHUNK int32 positions, CHUNK x HEAD_DIM bf16 values;
+// o: the state above, updated with the visible keys of this chunk
+void attn_chunk_bf16(bfloat16 *q, bfloat16 *kv, float *o) {
   const int32_t *q_pos = reinterpret_cast<const int32_t *>(q + ROWS * HEAD_DIM);
-  const int32_t *k_pos = reinterpret_cast<const int32_t *>(k + CHUNK * HEAD_DIM);
+  const bfloat16 *k = kv;
+  const int32_t *k_pos = reinterpret_cast<const int32_t *>(kv + CHUNK * HEAD_DIM);
+  const bfloat16 *v = kv + CHUNK * HEAD_DIM + 2 * CHUNK;
   float scores[CHUNK];
   bool seen[CHUNK];
   for (int r = 0; r < ROWS; r++) {

@@ -11,6 +11,9 @@ that is longer: single buffering never helps).
   2x2-expanded matmul (accumulator load/store, loop prologue), plus vector ops / vector lanes, plus the
   call overhead
 - core streams: the busiest core input channel, 32 bit per cycle
+- memory-tile streams: the busiest memory-tile input channel from the shim (a column's stream that the
+  memory tile splits or forwards to its cores: all its cores' data per call), 32 bit per cycle; the hop
+  also adds one object's transfer to the pipeline fill
 - shim DMA: per direction, each tensor's runs (a fixed number of cycles each) and bytes (32 bit per cycle)
   on its channel of each of its columns; a direction's channels share the work of all its tensors
 - DDR interface: bytes / the NPU's DDR bandwidth
@@ -46,6 +49,7 @@ class Estimate:
     array_s: float
     compute_s: float
     stream_s: float
+    memtile_s: float
     shim_s: float
     ddr_s: float
     bound: str
@@ -105,21 +109,24 @@ def estimate(schedule: Schedule, array: AieArray, launches: int = 1) -> Estimate
     compute = schedule.calls_per_core * call_cycles(schedule, array) / clock
     per_call = schedule.stream_bytes_per_call()
     stream = schedule.calls_per_core * per_call / array.dma_channel_bw
+    hop = schedule.memtile_stream_bytes_per_call()
+    memtile = schedule.calls_per_core * hop / array.dma_channel_bw
     shim = shim_cycles(schedule, array) / clock
     ddr = sum(t.nbytes for t in schedule.transfers) / array.ddr_bw
-    fill = per_call / array.dma_channel_bw + call_cycles(schedule, array) / clock
-    parts = {"compute": compute, "core streams": stream, "shim DMA": shim, "DDR interface": ddr}
+    fill = (per_call + hop) / array.dma_channel_bw + call_cycles(schedule, array) / clock
+    parts = {"compute": compute, "core streams": stream, "memory-tile streams": memtile, "shim DMA": shim,
+             "DDR interface": ddr}  # fmt: skip
     bound = max(parts, key=parts.get)
     array_s = parts[bound] + fill
-    if schedule.min_depth() < 2 and compute + max(stream, shim, ddr) > array_s:
+    if schedule.min_depth() < 2 and compute + max(stream, memtile, shim, ddr) > array_s:
         # single buffers: a core computes only once its data arrived (never faster than double-buffered)
         bound = "compute + data movement (single-buffered)"
-        array_s = compute + max(stream, shim, ddr)
+        array_s = compute + max(stream, memtile, shim, ddr)
     launch = launches * array.launch_s
     total = launch + launches * array_s
     if launch > launches * array_s:
         bound = "launch overhead"
-    return Estimate(total, launch, launches * array_s, compute, stream, shim, ddr, bound, array.key)
+    return Estimate(total, launch, launches * array_s, compute, stream, memtile, shim, ddr, bound, array.key)
 
 
 def host_buffer_seconds(schedule: Schedule) -> float:

@@ -62,7 +62,8 @@ def design():
     zero = Kernel("{s.kernels[1]}", "{s.kernels[2]}", [c_ty])
     matmul = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [a_ty, b_ty, c_ty])
 
-    # A: one stream per core row, broadcast along the row; B: one stream per column, broadcast down it
+    # A: one stream per core row (shim and memory tile of column r), broadcast along the row; B: one stream
+    # per column, broadcast down it; C: the column's tiles joined in its memory tile (DMA channel limits)
     a_in = [ObjectFifo(a_ty, depth, name=f"A_L3L2_{{r}}") for r in range(n_rows)]
     a_l1 = [
         a_in[r].cons().forward(name=f"A_L2L1_{{r}}", dims_to_stream=a_dims, placement=Tile(r % n_cols, 1))
@@ -114,12 +115,12 @@ def design():
         rt.start(*workers)
         for r in range(n_rows):
             for tap in a_taps[r::n_rows]:
-                rt.fill(a_in[r].prod(), A, tap)
+                rt.fill(a_in[r].prod(), A, tap, placement=Tile(r % n_cols, 0))
         for c in range(n_cols):
             for tap in b_taps[c::n_cols]:
-                rt.fill(b_in[c].prod(), B, tap)
+                rt.fill(b_in[c].prod(), B, tap, placement=Tile(c, 0))
             for tap in c_taps[c::n_cols]:
-                rt.drain(c_out[c].cons(), C, tap, wait=True)
+                rt.drain(c_out[c].cons(), C, tap, wait=True, placement=Tile(c, 0))
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())
 '''
 
@@ -139,14 +140,39 @@ def design():
     blocks = N // (m * n_cores)
 
     w_ty = np.ndarray[(m, k), np.dtype[t_in]]
+    w_col_ty = np.ndarray[(m * n_rows, k), np.dtype[t_in]]
     x_ty = np.ndarray[(k,), np.dtype[t_in]]
     y_ty = np.ndarray[(m,), np.dtype[t_out]]
+    y_col_ty = np.ndarray[(m * n_rows,), np.dtype[t_out]]
     zero = Kernel("{s.kernels[1]}", "{s.kernels[2]}", [y_ty])
     matvec = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [w_ty, x_ty, y_ty])
 
+    # per column: one W stream split by the memory tile to the cores, one x stream forwarded and broadcast
+    # to them, their y blocks joined into one output stream (2 + 1 shim channels, n_rows + 2 each way in
+    # the memory tile, 2 + 1 per core)
+    w_in = [ObjectFifo(w_col_ty, depth, name=f"W_L3L2_{{c}}") for c in range(n_cols)]
+    w_l1 = [
+        w_in[c].cons().split(
+            [m * k * r for r in range(n_rows)],
+            obj_types=[w_ty] * n_rows,
+            names=[f"W_L2L1_{{c}}_{{r}}" for r in range(n_rows)],
+            dims_to_stream=[w_dims] * n_rows,
+            placement=Tile(c, 1),
+        )
+        for c in range(n_cols)
+    ]
     x_in = [ObjectFifo(x_ty, depth, name=f"x_L3L2_{{c}}") for c in range(n_cols)]
     x_l1 = [x_in[c].cons().forward(name=f"x_L2L1_{{c}}", placement=Tile(c, 1)) for c in range(n_cols)]
-    w_in, y_out, workers = [], [], []
+    y_out = [ObjectFifo(y_col_ty, depth, name=f"y_L2L3_{{c}}") for c in range(n_cols)]
+    y_l1 = [
+        y_out[c].prod().join(
+            [m * r for r in range(n_rows)],
+            obj_types=[y_ty] * n_rows,
+            names=[f"y_L1L2_{{c}}_{{r}}" for r in range(n_rows)],
+            placement=Tile(c, 1),
+        )
+        for c in range(n_cols)
+    ]
 
     def core_fn(of_w, of_x, of_y, zero, matvec):
         for _ in range_(blocks) if blocks > 1 else range(1):
@@ -159,32 +185,31 @@ def design():
                 of_x.release(1)
             of_y.release(1)
 
-    for c in range(n_cols):
-        for r in range(n_rows):
-            w = ObjectFifo(w_ty, depth, name=f"W_L3L2_{{c}}_{{r}}")
-            w_in.append(w)
-            w_l1 = w.cons().forward(name=f"W_L2L1_{{c}}_{{r}}", dims_to_stream=w_dims, placement=Tile(c, 1))
-            y = ObjectFifo(y_ty, depth, name=f"y_L1L3_{{c}}_{{r}}")
-            y_out.append(y)
-            workers.append(
-                Worker(core_fn, [w_l1.cons(), x_l1[c].cons(), y.prod(), zero, matvec], placement=Tile(c, 2 + r))
-            )
-    rows_per_core = N // n_cores
-    if {bool(s.notes.get("pretiled"))}:  # W repacked at load time in tile order: each tile one contiguous run
-        w_taps = TensorTiler2D.simple_tiler((N * K // (m * k), m * k), (blocks * K // k, m * k))
+    workers = [
+        Worker(core_fn, [w_l1[c][r].cons(), x_l1[c].cons(), y_l1[c][r].prod(), zero, matvec], placement=Tile(c, 2 + r))
+        for c in range(n_cols)
+        for r in range(n_rows)
+    ]
+    # column c's b-th block: W rows [(b * n_cols + c) * n_rows * m, ...), its cores' m rows each in order
+    if {bool(s.notes.get("pretiled"))}:  # W repacked at load time in the order the columns stream it: one run per tile
+        w_taps = TensorTiler2D.simple_tiler((N * K // (m * n_rows * k), m * n_rows * k), (blocks * K // k, m * n_rows * k))
     else:
-        w_taps = TensorTiler2D.group_tiler((N, K), (m, k), (blocks, K // k))
+        w_taps = TensorTiler2D.group_tiler((N, K), (m * n_rows, k), (1, K // k))
     x_tap = TensorTiler2D.simple_tiler((1, K), pattern_repeat=blocks)[0]
-    y_taps = TensorTiler2D.simple_tiler((1, N), (1, rows_per_core))
+    y_taps = TensorTiler2D.simple_tiler((N // (m * n_rows), m * n_rows), (1, m * n_rows))
     rt = Runtime()
     with rt.sequence(np.ndarray[(N * K,), np.dtype[t_in]], np.ndarray[(K,), np.dtype[t_in]],
                      np.ndarray[(N,), np.dtype[t_out]]) as (W, X, Y):
         rt.start(*workers)
         for c in range(n_cols):
-            rt.fill(x_in[c].prod(), X, x_tap)
-        for i in range(n_cores):
-            rt.fill(w_in[i].prod(), W, w_taps[i])
-            rt.drain(y_out[i].cons(), Y, y_taps[i], wait=True)
+            rt.fill(x_in[c].prod(), X, x_tap, placement=Tile(c, 0))
+            if {bool(s.notes.get("pretiled"))}:
+                rt.fill(w_in[c].prod(), W, w_taps[c], placement=Tile(c, 0))
+            else:
+                for tap in w_taps[c::n_cols]:
+                    rt.fill(w_in[c].prod(), W, tap, placement=Tile(c, 0))
+            for tap in y_taps[c::n_cols]:
+                rt.drain(y_out[c].cons(), Y, tap, wait=True, placement=Tile(c, 0))
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())
 '''
 
@@ -195,7 +220,7 @@ def _rowwise(s: Schedule) -> str:
         kernels = f"""w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
     # mlir/kernels/rmsnorm.cc, built with NORM_ROWS=rows_per_call, NORM_LEN=L and the model's NORM_EPS
     rms = Kernel("{s.kernels[0]}", "{s.kernels[1]}", [row_ty, w_ty, row_ty])
-    w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{{c}}") for c in range(n_cols)]
+    w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{{c}}") for c in range(n_cols)]  # broadcast to the column
 
     def core_fn(of_x, of_y, of_w, rms):
         w = of_w.acquire(1)
@@ -209,7 +234,7 @@ def _rowwise(s: Schedule) -> str:
     def args(c, x, y):
         return [x.cons(), y.prod(), w_in[c].cons(), rms]
 """
-        fill_w = "for c in range(n_cols):\n            rt.fill(w_in[c].prod(), W)"
+        fill_w = "for c in range(n_cols):\n            rt.fill(w_in[c].prod(), W, placement=Tile(c, 0))"
         tensors, names = "x_ty, w_ty, x_ty", "X, W, Y"
     else:
         kernels = """softmax = Kernel("softmax_bf16", "softmax.o", [row_ty, row_ty, np.int32])
@@ -235,22 +260,37 @@ def design():
     calls = -(-R // (rows_per_call * n_cores))
     row_ty = np.ndarray[(rows_per_call * L,), np.dtype[bfloat16]]
     {kernels}
-    x_in, y_out, workers = [], [], []
-    for c in range(n_cols):
-        for r in range(n_rows):
-            x_in.append(ObjectFifo(row_ty, name=f"in_{{c}}_{{r}}"))
-            y_out.append(ObjectFifo(row_ty, name=f"out_{{c}}_{{r}}"))
-            workers.append(Worker(core_fn, args(c, x_in[-1], y_out[-1]), placement=Tile(c, 2 + r)))
-    per_core = calls * rows_per_call * L
-    taps = TensorTiler2D.simple_tiler((n_cores, per_core), (1, per_core))
+    # per column: one input stream split by the memory tile to the cores, their outputs joined into one
+    # output stream; call j of column c takes the next n_rows * rows_per_call rows of the column's range
+    col_ty = np.ndarray[(n_rows * rows_per_call * L,), np.dtype[bfloat16]]
+    x_in = [ObjectFifo(col_ty, name=f"in_L3L2_{{c}}") for c in range(n_cols)]
+    y_out = [ObjectFifo(col_ty, name=f"out_L2L3_{{c}}") for c in range(n_cols)]
+    offsets = [rows_per_call * L * r for r in range(n_rows)]
+    x_l1 = [
+        x_in[c].cons().split(offsets, obj_types=[row_ty] * n_rows,
+                             names=[f"in_L2L1_{{c}}_{{r}}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    y_l1 = [
+        y_out[c].prod().join(offsets, obj_types=[row_ty] * n_rows,
+                             names=[f"out_L1L2_{{c}}_{{r}}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    workers = [
+        Worker(core_fn, args(c, x_l1[c][r], y_l1[c][r]), placement=Tile(c, 2 + r))
+        for c in range(n_cols)
+        for r in range(n_rows)
+    ]
+    per_col = calls * n_rows * rows_per_call * L
+    taps = TensorTiler2D.simple_tiler((n_cols, per_col), (1, per_col))
     rt = Runtime()
-    x_ty = np.ndarray[(n_cores * per_core,), np.dtype[bfloat16]]
+    x_ty = np.ndarray[(n_cols * per_col,), np.dtype[bfloat16]]
     with rt.sequence({tensors}) as ({names}):
         rt.start(*workers)
         {fill_w}
-        for i in range(n_cores):
-            rt.fill(x_in[i].prod(), X, taps[i])
-            rt.drain(y_out[i].cons(), Y, taps[i], wait=True)
+        for c in range(n_cols):
+            rt.fill(x_in[c].prod(), X, taps[c], placement=Tile(c, 0))
+            rt.drain(y_out[c].cons(), Y, taps[c], wait=True, placement=Tile(c, 0))
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())
 """
 
@@ -266,69 +306,77 @@ def design():
     # keys masked by position in attention.cc: causal, sliding window {p["window"]} (0: none) as its WINDOW
     q_tile, chunk, splits = {t["q_tile"]}, {t["kv_chunk"]}, {t["splits"]}
     n_cols, n_rows = {s.columns}, {s.rows}
-    n_cores = n_cols * n_rows
     q_tiles = -(-T // q_tile)
-    items = n_kv * splits * q_tiles  # work items (KV head, key split, query tile), item i on core i % n_cores
+    groups = n_kv * q_tiles  # (KV head, query tile)
+    rounds = splits // n_rows  # in round u of group g core r takes key split u * n_rows + r of g
+    pairs = groups * rounds  # pair g * rounds + u on column (g * rounds + u) % n_cols
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // chunk)
     rows = q_tile * group
     # int32 positions ride behind the bf16 data (2 slots each): the query tile's after its rows (token-major,
-    # the group's heads per token), each chunk's after its keys; padding queries -1, padding keys INT32_MAX
-    q_obj, k_obj = {fifo["q_L3L1"].shape[0]}, {fifo["k_L3L1"].shape[0]}
+    # the group's heads per token); a K|V chunk is its keys, their positions (padding INT32_MAX), its values
+    q_obj, kv_obj = {fifo["q_L3L1"].shape[0]}, {fifo["kv_L2L1"].shape[0]}
     q_ty = np.ndarray[(q_obj,), np.dtype[bfloat16]]
-    k_ty = np.ndarray[(k_obj,), np.dtype[bfloat16]]
-    v_ty = np.ndarray[(chunk, d), np.dtype[bfloat16]]
+    kv_ty = np.ndarray[(kv_obj,), np.dtype[bfloat16]]
+    kv_col_ty = np.ndarray[(n_rows * kv_obj,), np.dtype[bfloat16]]
     o_ty = np.ndarray[(rows, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
+    o_col_ty = np.ndarray[(n_rows * rows, d + 2), np.dtype[np.float32]]
     init = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [o_ty])
-    update = Kernel("{s.kernels[1]}", "{s.kernels[2]}", [q_ty, k_ty, v_ty, o_ty])
+    update = Kernel("{s.kernels[1]}", "{s.kernels[2]}", [q_ty, kv_ty, o_ty])
 
     def core_fn_for(n_items):
-        def core_fn(of_q, of_k, of_v, of_o, init, update):
+        def core_fn(of_q, of_kv, of_o, init, update):
             for _ in range_(n_items) if n_items > 1 else range(1):
                 q, o = of_q.acquire(1), of_o.acquire(1)
                 init(o)
                 for _ in range_(chunks) if chunks > 1 else range(1):
-                    kc, vc = of_k.acquire(1), of_v.acquire(1)
-                    update(q, kc, vc, o)
-                    of_k.release(1)
-                    of_v.release(1)
+                    kv = of_kv.acquire(1)
+                    update(q, kv, o)
+                    of_kv.release(1)
                 of_q.release(1)
                 of_o.release(1)
 
         return core_fn
 
-    fifos, workers = [], []
-    for i in range(min(items, n_cores)):
-        c, r = i // n_rows, i % n_rows
-        f = [ObjectFifo(q_ty, 1, name=f"q_{{c}}_{{r}}"), ObjectFifo(k_ty, name=f"k_{{c}}_{{r}}"),
-             ObjectFifo(v_ty, name=f"v_{{c}}_{{r}}"), ObjectFifo(o_ty, 1, name=f"o_{{c}}_{{r}}")]
-        fifos.append(f)
-        workers.append(Worker(core_fn_for(len(range(i, items, n_cores))),
-                              [f[0].cons(), f[1].cons(), f[2].cons(), f[3].prod(), init, update],
-                              placement=Tile(c, 2 + r)))
-    # host layouts: Q packed per (KV head, query tile); K packed per KV head in chunks (keys, then their
-    # positions); V the KV cache (S_pad, n_kv * d), padded to whole chunks of every split; Out per work item
-    s_pad = splits * chunks * chunk
-    q_taps = TensorTiler2D.simple_tiler((n_kv * q_tiles, q_obj), (1, q_obj))
-    k_taps = TensorTiler2D.simple_tiler((n_kv * splits, chunks * k_obj), (1, chunks * k_obj))
-    v_taps = TensorTiler2D.group_tiler((s_pad, n_kv * d), (chunk, d), (chunks, 1))  # (split, KV head)
-    o_taps = TensorTiler2D.simple_tiler((items, rows * (d + 2)), (1, rows * (d + 2)))
+    # per column: the query tile broadcast from the shim to its cores; the K|V chunks of its cores in one
+    # stream split by the memory tile; their states joined there into one output stream
+    q_in = [ObjectFifo(q_ty, 1, name=f"q_L3L1_{{c}}") for c in range(n_cols)]
+    kv_in = [ObjectFifo(kv_col_ty, name=f"kv_L3L2_{{c}}") for c in range(n_cols)]
+    kv_l1 = [
+        kv_in[c].cons().split([kv_obj * r for r in range(n_rows)], obj_types=[kv_ty] * n_rows,
+                              names=[f"kv_L2L1_{{c}}_{{r}}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    o_out = [ObjectFifo(o_col_ty, 1, name=f"o_L2L3_{{c}}") for c in range(n_cols)]
+    o_l1 = [
+        o_out[c].prod().join([rows * (d + 2) * r for r in range(n_rows)], obj_types=[o_ty] * n_rows,
+                             names=[f"o_L1L2_{{c}}_{{r}}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    workers = [
+        Worker(core_fn_for(len(range(c, pairs, n_cols))),
+               [q_in[c].cons(), kv_l1[c][r].cons(), o_l1[c][r].prod(), init, update], placement=Tile(c, 2 + r))
+        for c in range(n_cols)
+        for r in range(n_rows)
+    ]
+    # host layouts: Q packed per group; K|V packed per (KV head, split) in chunks; Out per work item
+    # (group, split)
+    q_taps = TensorTiler2D.simple_tiler((groups, q_obj), (1, q_obj))
+    kv_taps = TensorTiler2D.group_tiler((n_kv * splits, chunks * kv_obj), (n_rows, kv_obj), (1, chunks))
+    o_taps = TensorTiler2D.simple_tiler((pairs, n_rows * rows * (d + 2)), (1, n_rows * rows * (d + 2)))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(n_kv * q_tiles * q_obj,), np.dtype[bfloat16]],
-                     np.ndarray[(n_kv * splits * chunks * k_obj,), np.dtype[bfloat16]],
-                     np.ndarray[(s_pad * n_kv * d,), np.dtype[bfloat16]],
-                     np.ndarray[(items * rows * (d + 2),), np.dtype[np.float32]]) as (Q, K, V, Out):
+    with rt.sequence(np.ndarray[(groups * q_obj,), np.dtype[bfloat16]],
+                     np.ndarray[(n_kv * splits * chunks * kv_obj,), np.dtype[bfloat16]],
+                     np.ndarray[(groups * splits * rows * (d + 2),), np.dtype[np.float32]]) as (Q, KV, Out):
         rt.start(*workers)
-        for wave in range(0, items, n_cores):
-            batch = range(wave, min(items, wave + n_cores))
+        for wave in range(0, pairs, n_cols):
+            batch = range(wave, min(pairs, wave + n_cols))
             for i in batch:
-                h, sp, qt = i // (splits * q_tiles), i // q_tiles % splits, i % q_tiles
-                q, kf, vf, _ = fifos[i % n_cores]
-                rt.fill(q.prod(), Q, q_taps[h * q_tiles + qt])
-                rt.fill(kf.prod(), K, k_taps[h * splits + sp])
-                rt.fill(vf.prod(), V, v_taps[sp * n_kv + h])
+                g, u = divmod(i, rounds)
+                rt.fill(q_in[i % n_cols].prod(), Q, q_taps[g], placement=Tile(i % n_cols, 0))
+                rt.fill(kv_in[i % n_cols].prod(), KV, kv_taps[g // q_tiles * rounds + u], placement=Tile(i % n_cols, 0))
             for i in batch:
-                rt.drain(fifos[i % n_cores][3].cons(), Out, o_taps[i], wait=True)
+                rt.drain(o_out[i % n_cols].cons(), Out, o_taps[i], wait=True, placement=Tile(i % n_cols, 0))
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())
 """
 

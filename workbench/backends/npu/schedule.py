@@ -152,6 +152,13 @@ class Schedule:
         """Bytes the busiest core input channel carries per kernel call."""
         return max((f.nbytes for f in self.fifos if f.dst == "core" and f.per_call), default=0)
 
+    def memtile_stream_bytes_per_call(self) -> int:
+        """Bytes the busiest memory-tile input channel carries from the shim per kernel call (a column's
+        stream that the memory tile splits to, or forwards to, its cores; 0 where nothing hops there)."""
+        return max(
+            (f.nbytes for f in self.fifos if f.dst == "memtile" and f.src == "shim" and f.per_call), default=0
+        )
+
     def host_buffers(self) -> list[tuple[str, int]]:
         """(direction, bytes) of each host tensor a launch reads or writes."""
         return [(t.direction, t.nbytes // t.reads) for t in self.transfers]
@@ -256,6 +263,11 @@ def gemm_schedule(
         )
     if K % k:
         raise ScheduleError(f"gemm: K={K} is not a multiple of k={k}")
+    if rows > columns:
+        raise ScheduleError(
+            f"gemm: {rows} core rows on {columns} columns: each row's A stream has its own shim and memory-tile "
+            "channels (row r on column r), so rows may not exceed columns (DMA channel limits)"
+        )
     mp, np_ = ceil_to(M, m * rows), ceil_to(N, n * columns)
     bi, bo = DTYPE_BYTES[dtype], DTYPE_BYTES[out]
     a_dims, b_dims, c_dims = _mm_dims(r, s, t, m, k, n, b_col_maj)
@@ -303,6 +315,8 @@ def plan_gemm(array: AieArray, M: int, K: int, N: int, dtype: str = "bf16") -> S
                     continue
                 for cols in sorted({1, 2, array.columns}):
                     for rows in sorted({min(array.rows, -(-M // m)), array.rows if m < M else 1}):
+                        if rows > cols:  # one A stream per row, each on its own column's shim
+                            continue
                         cands.append(
                             gemm_schedule(array, M, K, N, dtype, m, k, n, cols, rows, pretiled_b=True)
                         )
@@ -322,8 +336,11 @@ def gemv_schedule(
     pretiled: bool = False,
     vectorized: bool = True,
 ) -> Schedule:
-    """y (N) = W (N x K) @ x (K): each core owns blocks of m output rows, streams W tiles m x k (rows of W
-    contiguous when k == K) and the broadcast vector x in pieces of k; fp32 (or int32) accumulation.
+    """y (N) = W (N x K) @ x (K): each core owns blocks of m output rows. Per column one W stream carries
+    the m x k tiles of all its cores to the memory tile, which splits it to them; one x stream (pieces of k)
+    is forwarded by the memory tile and broadcast to the column's cores; the cores' y blocks are joined in the
+    memory tile into one output stream (mlir-aie's matrix_vector idiom, within the DMA channel limits).
+    fp32 (or int32) accumulation.
     Kernels: bf16 runs our ``mlir/kernels/gemv.cc`` (mlir-aie's mv.cc has its bf16 combination commented
     out), i16 mlir-aie's ``matvec_vectorized`` (mv.cc); both take m a multiple of 16 and k of 8 and read W
     tiles transposed at 32-bit granularity: the DMA pattern of ``W_L2L1`` does that. Both issue 32-lane MACs
@@ -352,7 +369,7 @@ def gemv_schedule(
         Fifo("y_L2L3", "memtile", "shim", (m * rows,), out, depth),
     )
     transfers = (
-        DdrTransfer("W", "in", np_ * K * bi, (m * k if pretiled or k == K else k) * bi, columns),
+        DdrTransfer("W", "in", np_ * K * bi, (m * rows * k if pretiled or k == K else k) * bi, columns),
         DdrTransfer("x", "in", columns * blocks * K * bi, k * bi, columns, columns * blocks),
         DdrTransfer("y", "out", np_ * bo, m * rows * bo, columns),
     )
@@ -393,7 +410,9 @@ def rowwise_schedule(
     array: AieArray, op: str, R: int, L: int, dtype: str, rows_per_call: int, columns: int, with_weight: bool
 ) -> Schedule:
     """Row-wise ops (RMSNorm, softmax): each core takes ``rows_per_call`` rows of length L per call, computes
-    in fp32 and writes bf16; a norm's weight row arrives once per launch. RMSNorm runs our
+    in fp32 and writes bf16. Per column one input stream carries the rows of all its cores to the memory
+    tile, which splits them, and their outputs are joined there into one output stream; a norm's weight row
+    arrives once per launch, broadcast from the shim to the column's cores. RMSNorm runs our
     ``mlir/kernels/rmsnorm.cc`` (rows and length compile-time, L a multiple of :data:`NORM_LANES`), softmax
     mlir-aie's ``softmax.cc`` (one row per call)."""
     if op == "rmsnorm" and L % NORM_LANES:
@@ -403,13 +422,16 @@ def rowwise_schedule(
     cores = columns * array.rows
     b = DTYPE_BYTES[dtype]
     calls = -(-R // (rows_per_call * cores))
+    rows = array.rows
     fifos = [
-        Fifo("in_L3L1", "shim", "core", (rows_per_call, L), dtype),
-        Fifo("out_L1L3", "core", "shim", (rows_per_call, L), dtype),
+        Fifo("in_L3L2", "shim", "memtile", (rows * rows_per_call, L), dtype),
+        Fifo("in_L2L1", "memtile", "core", (rows_per_call, L), dtype),
+        Fifo("out_L1L2", "core", "memtile", (rows_per_call, L), dtype),
+        Fifo("out_L2L3", "memtile", "shim", (rows * rows_per_call, L), dtype),
     ]
     transfers = [
-        DdrTransfer("in", "in", R * L * b, rows_per_call * L * b, columns),
-        DdrTransfer("out", "out", R * L * b, rows_per_call * L * b, columns),
+        DdrTransfer("in", "in", R * L * b, rows * rows_per_call * L * b, columns),
+        DdrTransfer("out", "out", R * L * b, rows * rows_per_call * L * b, columns),
     ]
     if with_weight:
         fifos.append(Fifo("w_L3L1", "shim", "core", (L,), dtype, 1, fanout=array.rows, per_call=False))
@@ -420,7 +442,7 @@ def rowwise_schedule(
     }[op]
     return Schedule(
         op, array.key, dtype, dtype, {"R": R, "L": L}, {"rows_per_call": rows_per_call},
-        columns, array.rows, tuple(fifos), tuple(transfers), calls, 0, "vector",
+        columns, rows, tuple(fifos), tuple(transfers), calls, 0, "vector",
         ROWWISE_OPS_PER_ELEM[op] * rows_per_call * L, kernel, scratch_bytes=rows_per_call * 4,
     )  # fmt: skip
 
@@ -452,46 +474,57 @@ def attention_schedule(
     dtype: str = "bf16",
     window: int = 0,
 ) -> Schedule:
-    """Attention of T queries over S cached keys. Work items are (KV head, key split, query tile); each
-    streams K and V of its split in chunks of ``kv_chunk`` keys, keeps a running max/sum in fp32
+    """Attention of T queries over S cached keys. Work items are (KV head, query tile) groups x key splits;
+    each streams K and V of its split in chunks of ``kv_chunk`` keys, keeps a running max/sum in fp32
     (scores from bf16 inputs with fp32 accumulation, probabilities rounded to bf16 for P @ V), and the
     partials of the splits are merged (log-sum-exp) at the end. Keys are masked by position inside the
     kernel: a query at position p sees keys at positions k <= p (and k > p - ``window`` on sliding-window
     layers; 0: none). Positions travel as int32 behind the bf16 data: the query tile's after its q rows,
-    each chunk's after its keys (:func:`pos_slots` bf16 slots each); padding queries carry -1 and padding
-    keys INT32_MAX, so the kernel masks them too."""
+    each chunk's keys after them (:func:`pos_slots` bf16 slots each); padding queries carry -1 and padding
+    keys INT32_MAX, so the kernel masks them too.
+
+    Data movement within the DMA channel limits: a column works on one (group, round) at a time, its cores
+    on consecutive splits of the group (``splits`` a multiple of the rows used; a round is one such set),
+    so the group's query tile is one shim stream broadcast to the column's cores; each chunk's K (with positions) and V travel packed as one
+    object, the column's chunks in one shim stream that the memory tile splits to the cores; the cores'
+    states are joined in the memory tile into one output stream."""
     if kv_chunk > MAX_KV_CHUNK:
         raise ScheduleError(f"attention: kv_chunk {kv_chunk} > {MAX_KV_CHUNK} (attention.cc's score buffer)")
     if window < 0:
         raise ScheduleError(f"attention: window must be >= 0 (0: no sliding window), got {window}")
+    rows = min(array.rows, splits)
+    if splits % rows:
+        raise ScheduleError(f"attention: {splits} key splits are not a multiple of the {rows} core rows used")
     group = n_heads // n_kv_heads
     b = DTYPE_BYTES[dtype]
     qrows = q_tile * group
     q_tiles = -(-T // q_tile)
-    items = n_kv_heads * splits * q_tiles
-    cores = min(array.cores, items)
-    columns = min(array.columns, -(-cores // array.rows))
-    rows = min(array.rows, cores)
+    groups = n_kv_heads * q_tiles
+    items = groups * splits
+    rounds = splits // rows
+    columns = min(array.columns, groups * rounds)
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // kv_chunk)
-    calls = -(-items // (columns * rows)) * chunks
+    calls = -(-(groups * rounds) // columns) * chunks
     q_obj = qrows * head_dim + pos_slots(q_tile, dtype)
-    k_obj = kv_chunk * head_dim + pos_slots(kv_chunk, dtype)
+    kv_obj = 2 * kv_chunk * head_dim + pos_slots(kv_chunk, dtype)
+    o_shape = (qrows, head_dim + 2)
     fifos = (
-        Fifo("q_L3L1", "shim", "core", (q_obj,), dtype, 1, per_call=False),
-        Fifo("k_L3L1", "shim", "core", (k_obj,), dtype),
-        Fifo("v_L3L1", "shim", "core", (kv_chunk, head_dim), dtype),
-        Fifo("o_L1L3", "core", "shim", (qrows, head_dim + 2), "f32", 1, per_call=False),
+        Fifo("q_L3L1", "shim", "core", (q_obj,), dtype, 1, fanout=rows, per_call=False),
+        Fifo("kv_L3L2", "shim", "memtile", (rows * kv_obj,), dtype),
+        Fifo("kv_L2L1", "memtile", "core", (kv_obj,), dtype),
+        Fifo("o_L1L2", "core", "memtile", o_shape, "f32", 1, per_call=False),
+        Fifo("o_L2L3", "memtile", "shim", (rows * qrows, head_dim + 2), "f32", 1, per_call=False),
     )
     scratch = qrows * kv_chunk * 4 + qrows * head_dim * 4  # scores and the fp32 output accumulator
-    # per item: its query tile once (packed per KV head and tile: one run), its split's K chunks (packed per
-    # KV head: one run per split) and V rows (the KV cache, rows of head_dim values)
-    split_keys = chunks * kv_chunk
+    # per (group, round): the group's query tile once (one run, broadcast), the round's packed K|V chunks
+    # (one run per chunk and core) and the cores' states (one run)
     transfers = (
-        DdrTransfer("q", "in", items * q_obj * b, q_obj * b, columns, splits),
-        DdrTransfer("K", "in", items * chunks * k_obj * b, chunks * k_obj * b, columns, q_tiles),
-        DdrTransfer("V", "in", items * split_keys * head_dim * b, head_dim * b, columns, q_tiles),
-        DdrTransfer("out", "out", items * qrows * (head_dim + 2) * 4, head_dim * 4, columns),
+        DdrTransfer("q", "in", groups * rounds * q_obj * b, q_obj * b, columns, rounds),
+        DdrTransfer("KV", "in", items * chunks * kv_obj * b, kv_obj * b, columns, q_tiles),
+        DdrTransfer(
+            "out", "out", items * qrows * (head_dim + 2) * 4, rows * qrows * (head_dim + 2) * 4, columns
+        ),
     )
     unit = "matrix" if qrows >= array.mac_tile(dtype)[0] else "vector"
     return Schedule(
@@ -500,7 +533,7 @@ def attention_schedule(
         {"q_tile": q_tile, "kv_chunk": kv_chunk, "splits": splits},
         columns, rows, fifos, transfers, calls, 2 * qrows * kv_chunk * head_dim, unit, 10 * qrows * kv_chunk,
         ("attn_init_f32", "attn_chunk_bf16", "attention.o"), scratch_bytes=scratch,
-        notes={"work_items": items, "chunks_per_item": chunks},
+        notes={"work_items": items, "chunks_per_item": chunks, "groups": groups, "rounds": rounds},
     )  # fmt: skip
 
 
@@ -519,7 +552,8 @@ def plan_attention(
     for q_tile in sorted({min(T, q) for q in (64, 16, 4, 1)}, reverse=True):
         for chunk in (64, 32, 16, 8):
             max_split = max(1, min(array.cores // n_kv_heads, -(-S // chunk)))
-            for splits in sorted({1, max_split}):
+            top = max_split - max_split % min(array.rows, max_split)  # a multiple of the rows it uses
+            for splits in sorted({1, min(max_split, array.rows), top}):
                 cands.append(
                     attention_schedule(
                         array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, splits, dtype, window

@@ -1,0 +1,218 @@
+"""Static check of a generated IRON design's DMA channels: how many each tile uses, against its limits.
+
+:func:`trace_design` runs a design's ``design()`` against a recording stand-in for the part of mlir-aie's
+IRON API the designs use (``aie.iron``: object FIFOs with ``forward`` / ``split`` / ``join``, workers,
+runtime fills and drains with their shim placements), and :func:`channel_usage` counts, per tile, the DMA
+channels the object FIFOs lower to: a FIFO's producer tile spends one output (MM2S) channel on it, each
+distinct consumer tile one input (S2MM) channel (a broadcast is one output, several inputs). Shared-memory
+neighbours that need no DMA are counted as DMA too, so the counts are an upper bound. Limits per tile: a
+compute tile 2 in + 2 out, a memory tile 6 + 6, a shim tile ``shim_channels`` + ``shim_channels`` (2 on
+AIE2 / AIE2P). Every endpoint must be placed explicitly (``placement=Tile(col, row)``), or the check
+refuses the design: SequentialPlacer's choices are not modeled.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType, SimpleNamespace
+
+from .arch import AieArray
+from .schedule import Schedule
+
+# (input, output) DMA channels of a compute tile and of a memory tile (AM020 / AM025)
+CORE_CHANNELS = (2, 2)
+MEMTILE_CHANNELS = (6, 6)
+
+Tile = tuple[int, int]  # (column, row): row 0 shim, row 1 memory tile, rows >= 2 compute tiles
+
+
+class ChannelError(ValueError):
+    """A design uses more DMA channels on some tile than it has, or cannot be counted."""
+
+
+@dataclass
+class TracedFifo:
+    name: str
+    producers: set[Tile] = field(default_factory=set)
+    consumers: set[Tile] = field(default_factory=set)
+
+
+@dataclass
+class DesignGraph:
+    """The object FIFOs of a traced design with the tiles of their endpoints."""
+
+    fifos: list[TracedFifo] = field(default_factory=list)
+
+
+def _stand_in(graph: DesignGraph) -> dict[str, ModuleType | SimpleNamespace]:
+    def placed(tile: Tile | None, what: str) -> Tile:
+        if tile is None:
+            raise ChannelError(f"{what} has no explicit placement: its tile (and channels) cannot be counted")
+        return tile
+
+    class Handle:
+        def __init__(self, fifo: ObjectFifo, is_prod: bool):
+            self.fifo, self.is_prod = fifo, is_prod
+
+        def at(self, tile: Tile) -> None:
+            (self.fifo.traced.producers if self.is_prod else self.fifo.traced.consumers).add(tile)
+
+        def acquire(self, n):
+            return None
+
+        def release(self, n):
+            return None
+
+        def forward(self, placement=None, obj_type=None, depth=None, name=None, **kw):
+            tile = placed(placement, f"forward of {self.fifo.traced.name}")
+            self.at(tile)
+            out = ObjectFifo(obj_type, name=name)
+            out.traced.producers.add(tile)
+            return out
+
+        def split(self, offsets, obj_types=None, names=None, placement=None, **kw):
+            return self._many("split", offsets, names, placement, not self.is_prod)
+
+        def join(self, offsets, obj_types=None, names=None, placement=None, **kw):
+            return self._many("join", offsets, names, placement, self.is_prod)
+
+        def _many(self, what, offsets, names, placement, ok):
+            if not ok:
+                raise ChannelError(f"{what} on the wrong end of {self.fifo.traced.name}")
+            tile = placed(placement, f"{what} of {self.fifo.traced.name}")
+            self.at(tile)
+            subs = [ObjectFifo(None, name=n) for n in (names or [None] * len(offsets))]
+            for sub in subs:
+                (sub.traced.consumers if what == "join" else sub.traced.producers).add(tile)
+            return subs
+
+    class ObjectFifo:
+        def __init__(self, obj_type, depth=2, name=None, **kw):
+            self.traced = TracedFifo(name or f"fifo{len(graph.fifos)}")
+            graph.fifos.append(self.traced)
+
+        def prod(self):
+            return Handle(self, True)
+
+        def cons(self):
+            return Handle(self, False)
+
+    class Worker:
+        def __init__(self, fn, fn_args, placement=None, **kw):
+            tile = placed(placement, "a worker")
+            for arg in fn_args:
+                if isinstance(arg, Handle):
+                    arg.at(tile)
+
+    class Runtime:
+        @contextmanager
+        def sequence(self, *types_):
+            yield [object() for _ in types_]
+
+        def start(self, *workers):
+            return None
+
+        def fill(self, handle, tensor, tap=None, placement=None, **kw):
+            handle.at(placed(placement, f"fill of {handle.fifo.traced.name}"))
+
+        def drain(self, handle, tensor, tap=None, placement=None, **kw):
+            handle.at(placed(placement, f"drain of {handle.fifo.traced.name}"))
+
+    class Program:
+        def __init__(self, device, runtime):
+            pass
+
+        def resolve_program(self, placer):
+            return graph
+
+    class TensorTiler2D:
+        @staticmethod
+        def group_tiler(shape, tile, group, **kw):
+            return [None] * ((shape[0] // tile[0] // group[0]) * (shape[1] // tile[1] // group[1]))
+
+        @staticmethod
+        def simple_tiler(shape, tile=None, **kw):
+            return [None] * (1 if tile is None else math.prod(s // t for s, t in zip(shape, tile)))
+
+    return {
+        "aie": ModuleType("aie"),
+        "aie.iron": SimpleNamespace(
+            Kernel=lambda *a, **k: None,
+            ObjectFifo=ObjectFifo,
+            Program=Program,
+            Runtime=Runtime,
+            Worker=Worker,
+        ),
+        "aie.iron.controlflow": SimpleNamespace(range_=range),
+        "aie.iron.device": SimpleNamespace(NPU1Col4=object, NPU2=object, Tile=lambda col, row: (col, row)),
+        "aie.iron.placers": SimpleNamespace(SequentialPlacer=object),
+        "aie.helpers": ModuleType("aie.helpers"),
+        "aie.helpers.taplib": SimpleNamespace(TensorTiler2D=TensorTiler2D),
+        "ml_dtypes": SimpleNamespace(bfloat16=float),
+    }
+
+
+@contextmanager
+def _modules(mods: dict) -> Iterator[None]:
+    saved = {name: sys.modules.get(name) for name in mods}
+    sys.modules.update(mods)
+    try:
+        yield
+    finally:
+        for name, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = mod
+
+
+def trace_design(source: str) -> DesignGraph:
+    """The object FIFOs and endpoint tiles of a generated design (its ``design()`` run on the stand-in)."""
+    graph = DesignGraph()
+    namespace: dict = {"__name__": "traced_design"}
+    with _modules(_stand_in(graph)):
+        exec(compile(source, "<design>", "exec"), namespace)  # our own generated source
+        namespace["design"]()
+    for f in graph.fifos:
+        if len(f.producers) != 1 or not f.consumers:
+            raise ChannelError(f"object FIFO {f.name}: producers {f.producers}, consumers {f.consumers}")
+    return graph
+
+
+def channel_usage(graph: DesignGraph) -> dict[Tile, tuple[int, int]]:
+    """(input, output) DMA channels each tile of ``graph`` uses."""
+    ins, outs = Counter(), Counter()
+    for f in graph.fifos:
+        outs.update(f.producers)
+        ins.update(f.consumers)
+    return {t: (ins[t], outs[t]) for t in sorted(set(ins) | set(outs))}
+
+
+def tile_limits(tile: Tile, array: AieArray) -> tuple[int, int]:
+    """(input, output) DMA channels ``tile`` has on ``array``."""
+    row = tile[1]
+    if row == 0:
+        return array.shim_channels, array.shim_channels
+    return MEMTILE_CHANNELS if row == 1 else CORE_CHANNELS
+
+
+def over_limits(usage: dict[Tile, tuple[int, int]], array: AieArray) -> list[str]:
+    """The tiles of ``usage`` that use more DMA channels than they have on ``array`` (or lie outside it)."""
+    out = []
+    for tile, (n_in, n_out) in usage.items():
+        lim_in, lim_out = tile_limits(tile, array)
+        if n_in > lim_in or n_out > lim_out or tile[0] >= array.columns:
+            out.append(f"tile {tile}: {n_in} in / {n_out} out DMA channels, limit {lim_in} / {lim_out}")
+    return out
+
+
+def channel_violations(schedule: Schedule, array: AieArray) -> list[str]:
+    """Tiles of ``schedule``'s generated design that use more DMA channels than they have (empty: none)."""
+    from .iron import design_source
+
+    return over_limits(channel_usage(trace_design(design_source(schedule))), array)
