@@ -246,16 +246,20 @@ def test_rmsnorm_kernel_takes_its_length_from_the_schedule():
         assert f"R, L = {R}, {L}" in design_source(s)
 
 
-def test_attention_design_fills_every_work_item_once(monkeypatch, tmp_path):
-    s = next(g for g in golden_schedules() if g.op == "attention" and g.problem["T"] > 1)
-    pairs = s.notes["work_items"] // s.rows  # (group, round): a column's cores take consecutive splits
+@pytest.mark.parametrize("share", ["q", "kv"])
+def test_attention_design_fills_every_work_item_once(monkeypatch, tmp_path, share):
+    s = next(g for g in golden_schedules() if g.op == "attention" and g.notes["share"] == share)
+    units = s.notes["units"]  # a column's cores share the query tile (q) or the K|V stream (kv)
+    assert units * s.rows == s.notes["work_items"]
     rec = _run_design(monkeypatch, tmp_path, s)
-    assert len(rec.drains) == pairs and len({tap[-1] for tap in rec.drains}) == pairs
-    assert len(rec.fills) == 2 * pairs  # the group's q tile (broadcast), the cores' packed K|V chunks
-    q_fills = [tap for tap in rec.fills if tap[0] == "simple"]
-    assert sorted(tap[-1] for tap in q_fills) == sorted(
-        g for g in range(s.notes["groups"]) for _ in range(s.notes["rounds"])
-    )
+    assert len(rec.drains) == units and len({tap[-1] for tap in rec.drains}) == units
+    assert len(rec.fills) == 2 * units  # the unit's query tile(s) and K|V chunks, alternating
+    q_fills, kv_fills = rec.fills[0::2], rec.fills[1::2]
+    rounds = units // s.notes["groups"]  # share q: rounds of key splits per group
+    q_index = [i // rounds for i in range(units)] if share == "q" else list(range(units))
+    assert [tap[-1] for tap in q_fills] == q_index
+    heads = {tap[-1] for tap in kv_fills}
+    assert heads == set(range(s.problem["n_kv_heads"] * (rounds if share == "q" else 1)))
     kernels = {k.name: k for k in rec.kernels}
     assert len(kernels["attn_chunk_bf16"].arg_types) == 3  # q (+ positions), K|V chunk (+ positions), state
 

@@ -179,3 +179,21 @@ def test_single_buffering_is_never_faster(make):
         assert single.array_s == pytest.approx(
             single.compute_s + max(single.stream_s, single.memtile_s, single.shim_s, single.ddr_s)
         )
+
+
+def test_attention_cores_share_the_query_tile_or_the_kv_stream():
+    """share="q": a column's cores take key splits of one query group; "kv": query tiles of one KV head, so
+    the K|V chunks are streamed once per column round instead of once per query tile."""
+    a = get_array("npu1")
+    q = attention_schedule(a, 64, 512, 4, 1, 256, 4, 8, 1)
+    kv = attention_schedule(a, 64, 512, 4, 1, 256, 4, 8, 1, share="kv")
+    assert (q.rows, kv.rows) == (1, 4) and q.notes["work_items"] == kv.notes["work_items"] == 16
+
+    def kv_bytes(s):
+        return next(t.nbytes for t in s.transfers if t.tensor == "KV")
+
+    assert kv_bytes(q) == 4 * kv_bytes(kv)
+    with pytest.raises(ScheduleError, match="takes one key split"):
+        attention_schedule(a, 64, 512, 4, 1, 256, 4, 8, 2, share="kv")
+    with pytest.raises(ScheduleError, match="6 query tiles are not a multiple of the 4 core rows"):
+        attention_schedule(a, 24, 512, 4, 1, 256, 4, 8, 1, share="kv")

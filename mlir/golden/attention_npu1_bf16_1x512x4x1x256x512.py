@@ -19,8 +19,7 @@ def design():
     n_cols, n_rows = 4, 4
     q_tiles = -(-T // q_tile)
     groups = n_kv * q_tiles  # (KV head, query tile)
-    rounds = splits // n_rows  # in round u of group g core r takes key split u * n_rows + r of g
-    pairs = groups * rounds  # pair g * rounds + u on column (g * rounds + u) % n_cols
+    units = 4  # column work units, unit i on column i % n_cols ((group g, round u of splits): core r takes key split u * n_rows + r of group g)
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // chunk)
     rows = q_tile * group
@@ -29,7 +28,6 @@ def design():
     q_obj, kv_obj = 1026, 4112
     q_ty = np.ndarray[(q_obj,), np.dtype[bfloat16]]
     kv_ty = np.ndarray[(kv_obj,), np.dtype[bfloat16]]
-    kv_col_ty = np.ndarray[(n_rows * kv_obj,), np.dtype[bfloat16]]
     o_ty = np.ndarray[(rows, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
     o_col_ty = np.ndarray[(n_rows * rows, d + 2), np.dtype[np.float32]]
     init = Kernel("attn_init_f32", "attention.o", [o_ty])
@@ -49,10 +47,12 @@ def design():
 
         return core_fn
 
-    # per column: the query tile broadcast from the shim to its cores; the K|V chunks of its cores in one
+    rounds = splits // n_rows
+    # per column: the group's query tile broadcast from the shim to its cores; their K|V chunks in one
     # stream split by the memory tile; their states joined there into one output stream
     q_in = [ObjectFifo(q_ty, 1, name=f"q_L3L1_{c}") for c in range(n_cols)]
-    kv_in = [ObjectFifo(kv_col_ty, name=f"kv_L3L2_{c}") for c in range(n_cols)]
+    q_l1 = None
+    kv_in = [ObjectFifo(np.ndarray[(n_rows * kv_obj,), np.dtype[bfloat16]], name=f"kv_L3L2_{c}") for c in range(n_cols)]
     kv_l1 = [
         kv_in[c].cons().split([kv_obj * r for r in range(n_rows)], obj_types=[kv_ty] * n_rows,
                               names=[f"kv_L2L1_{c}_{r}" for r in range(n_rows)], placement=Tile(c, 1))
@@ -65,27 +65,28 @@ def design():
         for c in range(n_cols)
     ]
     workers = [
-        Worker(core_fn_for(len(range(c, pairs, n_cols))),
-               [q_in[c].cons(), kv_l1[c][r].cons(), o_l1[c][r].prod(), init, update], placement=Tile(c, 2 + r))
+        Worker(core_fn_for(len(range(c, units, n_cols))),
+               [q_l1[c][r].cons() if q_l1 else q_in[c].cons(), kv_l1[c][r].cons() if kv_l1 else kv_in[c].cons(),
+                o_l1[c][r].prod(), init, update], placement=Tile(c, 2 + r))
         for c in range(n_cols)
         for r in range(n_rows)
     ]
-    # host layouts: Q packed per group; K|V packed per (KV head, split) in chunks; Out per work item
-    # (group, split)
+    # host layouts: Q packed per (KV head, query tile); K|V packed per (KV head, split) in chunks; Out per
+    # work item ((KV head, query tile), split)
     q_taps = TensorTiler2D.simple_tiler((groups, q_obj), (1, q_obj))
     kv_taps = TensorTiler2D.group_tiler((n_kv * splits, chunks * kv_obj), (n_rows, kv_obj), (1, chunks))
-    o_taps = TensorTiler2D.simple_tiler((pairs, n_rows * rows * (d + 2)), (1, n_rows * rows * (d + 2)))
+    o_taps = TensorTiler2D.simple_tiler((units, n_rows * rows * (d + 2)), (1, n_rows * rows * (d + 2)))
     rt = Runtime()
     with rt.sequence(np.ndarray[(groups * q_obj,), np.dtype[bfloat16]],
                      np.ndarray[(n_kv * splits * chunks * kv_obj,), np.dtype[bfloat16]],
                      np.ndarray[(groups * splits * rows * (d + 2),), np.dtype[np.float32]]) as (Q, KV, Out):
         rt.start(*workers)
-        for wave in range(0, pairs, n_cols):
-            batch = range(wave, min(pairs, wave + n_cols))
+        for wave in range(0, units, n_cols):
+            batch = range(wave, min(units, wave + n_cols))
             for i in batch:
-                g, u = divmod(i, rounds)
-                rt.fill(q_in[i % n_cols].prod(), Q, q_taps[g], placement=Tile(i % n_cols, 0))
-                rt.fill(kv_in[i % n_cols].prod(), KV, kv_taps[g // q_tiles * rounds + u], placement=Tile(i % n_cols, 0))
+                c = i % n_cols
+                rt.fill(q_in[c].prod(), Q, q_taps[i // rounds], placement=Tile(c, 0))
+                rt.fill(kv_in[c].prod(), KV, kv_taps[i // rounds // q_tiles * rounds + i % rounds], placement=Tile(c, 0))
             for i in batch:
                 rt.drain(o_out[i % n_cols].cons(), Out, o_taps[i], wait=True, placement=Tile(i % n_cols, 0))
     return Program(NPU1Col4(), rt).resolve_program(SequentialPlacer())

@@ -295,10 +295,51 @@ def design():
 """
 
 
+_ATTN_SHARE_Q = """rounds = splits // n_rows
+    # per column: the group's query tile broadcast from the shim to its cores; their K|V chunks in one
+    # stream split by the memory tile; their states joined there into one output stream
+    q_in = [ObjectFifo(q_ty, 1, name=f"q_L3L1_{c}") for c in range(n_cols)]
+    q_l1 = None
+    kv_in = [ObjectFifo(np.ndarray[(n_rows * kv_obj,), np.dtype[bfloat16]], name=f"kv_L3L2_{c}") for c in range(n_cols)]
+    kv_l1 = [
+        kv_in[c].cons().split([kv_obj * r for r in range(n_rows)], obj_types=[kv_ty] * n_rows,
+                              names=[f"kv_L2L1_{c}_{r}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]"""
+_ATTN_SHARE_KV = """# per column: the cores' query tiles in one stream split by the memory tile; the KV head's K|V chunks
+    # broadcast from the shim to them; their states joined in the memory tile into one output stream
+    q_in = [ObjectFifo(np.ndarray[(n_rows * q_obj,), np.dtype[bfloat16]], 1, name=f"q_L3L2_{c}") for c in range(n_cols)]
+    q_l1 = [
+        q_in[c].cons().split([q_obj * r for r in range(n_rows)], obj_types=[q_ty] * n_rows, depths=[1] * n_rows,
+                             names=[f"q_L2L1_{c}_{r}" for r in range(n_rows)], placement=Tile(c, 1))
+        for c in range(n_cols)
+    ]
+    kv_in = [ObjectFifo(kv_ty, name=f"kv_L3L1_{c}") for c in range(n_cols)]
+    kv_l1 = None"""
+
+
 def _attention(s: Schedule) -> str:
     p, t = s.problem, s.tile
     group = p["n_heads"] // p["n_kv_heads"]
     fifo = {f.name: f for f in s.fifos}
+    if s.notes["share"] == "q":
+        share_note = "(group g, round u of splits): core r takes key split u * n_rows + r of group g"
+        q_obj, kv_obj = fifo["q_L3L1"].shape[0], fifo["kv_L2L1"].shape[0]
+        movement = _ATTN_SHARE_Q
+        taps = (
+            "q_taps = TensorTiler2D.simple_tiler((groups, q_obj), (1, q_obj))\n    "
+            "kv_taps = TensorTiler2D.group_tiler((n_kv * splits, chunks * kv_obj), (n_rows, kv_obj), (1, chunks))"
+        )
+        q_tap, kv_tap = "i // rounds", "i // rounds // q_tiles * rounds + i % rounds"
+    else:
+        share_note = "(KV head h, round u of query tiles): core r takes query tile u * n_rows + r of head h"
+        q_obj, kv_obj = fifo["q_L2L1"].shape[0], fifo["kv_L3L1"].shape[0]
+        movement = _ATTN_SHARE_KV
+        taps = (
+            "q_taps = TensorTiler2D.simple_tiler((units, n_rows * q_obj), (1, n_rows * q_obj))\n    "
+            "kv_taps = TensorTiler2D.simple_tiler((n_kv, chunks * kv_obj), (1, chunks * kv_obj))"
+        )
+        q_tap, kv_tap = "i", "i // (q_tiles // n_rows)"
     return f"""
 def design():
     T, S = {p["T"]}, {p["S"]}
@@ -308,17 +349,15 @@ def design():
     n_cols, n_rows = {s.columns}, {s.rows}
     q_tiles = -(-T // q_tile)
     groups = n_kv * q_tiles  # (KV head, query tile)
-    rounds = splits // n_rows  # in round u of group g core r takes key split u * n_rows + r of g
-    pairs = groups * rounds  # pair g * rounds + u on column (g * rounds + u) % n_cols
+    units = {s.notes["units"]}  # column work units, unit i on column i % n_cols ({share_note})
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // chunk)
     rows = q_tile * group
     # int32 positions ride behind the bf16 data (2 slots each): the query tile's after its rows (token-major,
     # the group's heads per token); a K|V chunk is its keys, their positions (padding INT32_MAX), its values
-    q_obj, kv_obj = {fifo["q_L3L1"].shape[0]}, {fifo["kv_L2L1"].shape[0]}
+    q_obj, kv_obj = {q_obj}, {kv_obj}
     q_ty = np.ndarray[(q_obj,), np.dtype[bfloat16]]
     kv_ty = np.ndarray[(kv_obj,), np.dtype[bfloat16]]
-    kv_col_ty = np.ndarray[(n_rows * kv_obj,), np.dtype[bfloat16]]
     o_ty = np.ndarray[(rows, d + 2), np.dtype[np.float32]]  # unnormalized out, running max, sum
     o_col_ty = np.ndarray[(n_rows * rows, d + 2), np.dtype[np.float32]]
     init = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [o_ty])
@@ -338,15 +377,7 @@ def design():
 
         return core_fn
 
-    # per column: the query tile broadcast from the shim to its cores; the K|V chunks of its cores in one
-    # stream split by the memory tile; their states joined there into one output stream
-    q_in = [ObjectFifo(q_ty, 1, name=f"q_L3L1_{{c}}") for c in range(n_cols)]
-    kv_in = [ObjectFifo(kv_col_ty, name=f"kv_L3L2_{{c}}") for c in range(n_cols)]
-    kv_l1 = [
-        kv_in[c].cons().split([kv_obj * r for r in range(n_rows)], obj_types=[kv_ty] * n_rows,
-                              names=[f"kv_L2L1_{{c}}_{{r}}" for r in range(n_rows)], placement=Tile(c, 1))
-        for c in range(n_cols)
-    ]
+    {movement}
     o_out = [ObjectFifo(o_col_ty, 1, name=f"o_L2L3_{{c}}") for c in range(n_cols)]
     o_l1 = [
         o_out[c].prod().join([rows * (d + 2) * r for r in range(n_rows)], obj_types=[o_ty] * n_rows,
@@ -354,27 +385,27 @@ def design():
         for c in range(n_cols)
     ]
     workers = [
-        Worker(core_fn_for(len(range(c, pairs, n_cols))),
-               [q_in[c].cons(), kv_l1[c][r].cons(), o_l1[c][r].prod(), init, update], placement=Tile(c, 2 + r))
+        Worker(core_fn_for(len(range(c, units, n_cols))),
+               [q_l1[c][r].cons() if q_l1 else q_in[c].cons(), kv_l1[c][r].cons() if kv_l1 else kv_in[c].cons(),
+                o_l1[c][r].prod(), init, update], placement=Tile(c, 2 + r))
         for c in range(n_cols)
         for r in range(n_rows)
     ]
-    # host layouts: Q packed per group; K|V packed per (KV head, split) in chunks; Out per work item
-    # (group, split)
-    q_taps = TensorTiler2D.simple_tiler((groups, q_obj), (1, q_obj))
-    kv_taps = TensorTiler2D.group_tiler((n_kv * splits, chunks * kv_obj), (n_rows, kv_obj), (1, chunks))
-    o_taps = TensorTiler2D.simple_tiler((pairs, n_rows * rows * (d + 2)), (1, n_rows * rows * (d + 2)))
+    # host layouts: Q packed per (KV head, query tile); K|V packed per (KV head, split) in chunks; Out per
+    # work item ((KV head, query tile), split)
+    {taps}
+    o_taps = TensorTiler2D.simple_tiler((units, n_rows * rows * (d + 2)), (1, n_rows * rows * (d + 2)))
     rt = Runtime()
     with rt.sequence(np.ndarray[(groups * q_obj,), np.dtype[bfloat16]],
                      np.ndarray[(n_kv * splits * chunks * kv_obj,), np.dtype[bfloat16]],
                      np.ndarray[(groups * splits * rows * (d + 2),), np.dtype[np.float32]]) as (Q, KV, Out):
         rt.start(*workers)
-        for wave in range(0, pairs, n_cols):
-            batch = range(wave, min(pairs, wave + n_cols))
+        for wave in range(0, units, n_cols):
+            batch = range(wave, min(units, wave + n_cols))
             for i in batch:
-                g, u = divmod(i, rounds)
-                rt.fill(q_in[i % n_cols].prod(), Q, q_taps[g], placement=Tile(i % n_cols, 0))
-                rt.fill(kv_in[i % n_cols].prod(), KV, kv_taps[g // q_tiles * rounds + u], placement=Tile(i % n_cols, 0))
+                c = i % n_cols
+                rt.fill(q_in[c].prod(), Q, q_taps[{q_tap}], placement=Tile(c, 0))
+                rt.fill(kv_in[c].prod(), KV, kv_taps[{kv_tap}], placement=Tile(c, 0))
             for i in batch:
                 rt.drain(o_out[i % n_cols].cons(), Out, o_taps[i], wait=True, placement=Tile(i % n_cols, 0))
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())

@@ -473,6 +473,7 @@ def attention_schedule(
     splits: int,
     dtype: str = "bf16",
     window: int = 0,
+    share: str = "q",
 ) -> Schedule:
     """Attention of T queries over S cached keys. Work items are (KV head, query tile) groups x key splits;
     each streams K and V of its split in chunks of ``kv_chunk`` keys, keeps a running max/sum in fp32
@@ -487,45 +488,74 @@ def attention_schedule(
     on consecutive splits of the group (``splits`` a multiple of the rows used; a round is one such set),
     so the group's query tile is one shim stream broadcast to the column's cores; each chunk's K (with positions) and V travel packed as one
     object, the column's chunks in one shim stream that the memory tile splits to the cores; the cores'
-    states are joined in the memory tile into one output stream."""
+    states are joined in the memory tile into one output stream. ``share="kv"`` (prefill, one key split):
+    the column's cores take consecutive query tiles of one KV head instead, so the K|V chunks are one shim
+    stream broadcast to them and the query tiles one stream the memory tile splits (K|V is streamed once
+    per column round rather than once per query tile)."""
+    if share not in ("q", "kv"):
+        raise ScheduleError(f"attention: share must be 'q' or 'kv', got {share!r}")
     if kv_chunk > MAX_KV_CHUNK:
         raise ScheduleError(f"attention: kv_chunk {kv_chunk} > {MAX_KV_CHUNK} (attention.cc's score buffer)")
     if window < 0:
         raise ScheduleError(f"attention: window must be >= 0 (0: no sliding window), got {window}")
-    rows = min(array.rows, splits)
-    if splits % rows:
-        raise ScheduleError(f"attention: {splits} key splits are not a multiple of the {rows} core rows used")
     group = n_heads // n_kv_heads
     b = DTYPE_BYTES[dtype]
     qrows = q_tile * group
     q_tiles = -(-T // q_tile)
     groups = n_kv_heads * q_tiles
     items = groups * splits
-    rounds = splits // rows
-    columns = min(array.columns, groups * rounds)
+    shared = splits if share == "q" else q_tiles  # what a column's cores take consecutive pieces of
+    rows = min(array.rows, shared)
+    if shared % rows:
+        what = "key splits" if share == "q" else "query tiles"
+        raise ScheduleError(f"attention: {shared} {what} are not a multiple of the {rows} core rows used")
+    if share == "kv" and splits != 1:
+        raise ScheduleError("attention: share='kv' (cores share a K|V stream) takes one key split")
+    units = items // rows  # column work units: (group, round of splits) or (KV head, round of query tiles)
+    columns = min(array.columns, units)
     keys_per_split = -(-S // splits)
     chunks = -(-keys_per_split // kv_chunk)
-    calls = -(-(groups * rounds) // columns) * chunks
+    calls = -(-units // columns) * chunks
     q_obj = qrows * head_dim + pos_slots(q_tile, dtype)
     kv_obj = 2 * kv_chunk * head_dim + pos_slots(kv_chunk, dtype)
     o_shape = (qrows, head_dim + 2)
-    fifos = (
-        Fifo("q_L3L1", "shim", "core", (q_obj,), dtype, 1, fanout=rows, per_call=False),
-        Fifo("kv_L3L2", "shim", "memtile", (rows * kv_obj,), dtype),
-        Fifo("kv_L2L1", "memtile", "core", (kv_obj,), dtype),
+    outs = (
         Fifo("o_L1L2", "core", "memtile", o_shape, "f32", 1, per_call=False),
         Fifo("o_L2L3", "memtile", "shim", (rows * qrows, head_dim + 2), "f32", 1, per_call=False),
     )
-    scratch = qrows * kv_chunk * 4 + qrows * head_dim * 4  # scores and the fp32 output accumulator
-    # per (group, round): the group's query tile once (one run, broadcast), the round's packed K|V chunks
-    # (one run per chunk and core) and the cores' states (one run)
-    transfers = (
-        DdrTransfer("q", "in", groups * rounds * q_obj * b, q_obj * b, columns, rounds),
-        DdrTransfer("KV", "in", items * chunks * kv_obj * b, kv_obj * b, columns, q_tiles),
-        DdrTransfer(
-            "out", "out", items * qrows * (head_dim + 2) * 4, rows * qrows * (head_dim + 2) * 4, columns
-        ),
+    out_t = DdrTransfer(
+        "out", "out", items * qrows * (head_dim + 2) * 4, rows * qrows * (head_dim + 2) * 4, columns
     )
+    if share == "q":
+        # per unit: the group's query tile once (one run, broadcast), the cores' packed K|V chunks (one run
+        # per chunk and core) and the cores' states (one run)
+        fifos = (
+            Fifo("q_L3L1", "shim", "core", (q_obj,), dtype, 1, fanout=rows, per_call=False),
+            Fifo("kv_L3L2", "shim", "memtile", (rows * kv_obj,), dtype),
+            Fifo("kv_L2L1", "memtile", "core", (kv_obj,), dtype),
+            *outs,
+        )
+        transfers = (
+            DdrTransfer("q", "in", units * q_obj * b, q_obj * b, columns, units // groups),
+            DdrTransfer("KV", "in", items * chunks * kv_obj * b, kv_obj * b, columns, q_tiles),
+            out_t,
+        )
+    else:
+        # per unit: the cores' query tiles (one run), the KV head's K|V chunks once (one run, broadcast)
+        fifos = (
+            Fifo("q_L3L2", "shim", "memtile", (rows * q_obj,), dtype, 1, per_call=False),
+            Fifo("q_L2L1", "memtile", "core", (q_obj,), dtype, 1, per_call=False),
+            Fifo("kv_L3L1", "shim", "core", (kv_obj,), dtype, fanout=rows),
+            *outs,
+        )
+        transfers = (
+            DdrTransfer("q", "in", items * q_obj * b, rows * q_obj * b, columns),
+            DdrTransfer(
+                "KV", "in", units * chunks * kv_obj * b, chunks * kv_obj * b, columns, q_tiles // rows
+            ),
+            out_t,
+        )
+    scratch = qrows * kv_chunk * 4 + qrows * head_dim * 4  # scores and the fp32 output accumulator
     unit = "matrix" if qrows >= array.mac_tile(dtype)[0] else "vector"
     return Schedule(
         "attention", array.key, dtype, "f32",
@@ -533,7 +563,7 @@ def attention_schedule(
         {"q_tile": q_tile, "kv_chunk": kv_chunk, "splits": splits},
         columns, rows, fifos, transfers, calls, 2 * qrows * kv_chunk * head_dim, unit, 10 * qrows * kv_chunk,
         ("attn_init_f32", "attn_chunk_bf16", "attention.o"), scratch_bytes=scratch,
-        notes={"work_items": items, "chunks_per_item": chunks, "groups": groups, "rounds": rounds},
+        notes={"work_items": items, "chunks_per_item": chunks, "groups": groups, "units": units, "share": share},
     )  # fmt: skip
 
 
@@ -557,6 +587,13 @@ def plan_attention(
                 cands.append(
                     attention_schedule(
                         array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, splits, dtype, window
+                    )
+                )
+            q_tiles = -(-T // q_tile)
+            if q_tiles % min(array.rows, q_tiles) == 0:
+                cands.append(
+                    attention_schedule(
+                        array, T, S, n_heads, n_kv_heads, head_dim, q_tile, chunk, 1, dtype, window, "kv"
                     )
                 )
     return _best(cands, array, f"attention T={T} S={S}")
