@@ -581,7 +581,8 @@ def plan_attention(
     cands = []
     for q_tile in sorted({min(T, q) for q in (64, 16, 4, 1)}, reverse=True):
         for chunk in (64, 32, 16, 8):
-            max_split = max(1, min(array.cores // n_kv_heads, -(-S // chunk)))
+            # at least a column's rows of splits, so a column's cores can share a query tile (share="q")
+            max_split = max(1, min(max(array.rows, array.cores // n_kv_heads), -(-S // chunk)))
             top = max_split - max_split % min(array.rows, max_split)  # a multiple of the rows it uses
             for splits in sorted({1, min(max_split, array.rows), top}):
                 cands.append(
