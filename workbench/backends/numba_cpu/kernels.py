@@ -76,9 +76,7 @@ _TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.1
 
 @njit(cache=True, fastmath=True, inline="always")
 def tanh_approx(x):  # pragma: no cover - compiled
-    lim = np.float32(_TANH_CLAMP)
-    if x >= lim or x <= -lim:  # float32 tanh is exactly +-1 there (a select: it still vectorizes)
-        return np.float32(1.0) if x > 0 else np.float32(-1.0)
+    x = min(max(x, np.float32(-_TANH_CLAMP)), np.float32(_TANH_CLAMP))
     x2 = x * x
     p = np.float32(_TANH_P[6])
     for i in range(5, -1, -1):
