@@ -146,14 +146,20 @@ def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, win
     attend_slots(q, keys, vals, seen[:n_seen], n_heads, head_dim, scale, out)
 
 
+ATT_CHUNKS = 8  # key ranges of one decode attention, reduced in parallel (flash-decoding)
+ATT_MIN_KEYS = 16  # keys per range at least (fewer keys: fewer ranges)
+
+
 @njit(cache=True, fastmath=True)
-def attend_slots(q, keys, vals, seen, n_heads, head_dim, scale, out):  # pragma: no cover - compiled
-    """Attention of one query row over the cache slots ``seen`` (the visible ones, chosen by the caller)."""
+def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  # pragma: no cover - compiled
+    """Unnormalized attention of one query row over the slots ``seen``: per query head h, ``mx[h]`` the
+    largest score, ``sm[h]`` the sum of exp(score - mx[h]) and ``acc[h]`` the values weighted by those
+    exponentials. Each key and value row is read once for all query heads of its group (GQA)."""
     n_kv = keys.shape[1] // head_dim
     group = n_heads // n_kv
     n_seen = seen.shape[0]
     probs = np.empty((group, n_seen), np.float32)
-    acc = np.empty((group, head_dim), np.float32)
+    acc[:] = 0.0
     for kh in range(n_kv):
         qh = q[kh * group * head_dim : (kh + 1) * group * head_dim].reshape(group, head_dim)
         for j in range(n_seen):
@@ -165,6 +171,7 @@ def attend_slots(q, keys, vals, seen, n_heads, head_dim, scale, out):  # pragma:
                     d += qrow[i] * krow[i]
                 probs[g, j] = d * np.float32(scale)
         for g in range(group):
+            h = kh * group + g
             m = probs[g, 0]
             for j in range(1, n_seen):
                 m = max(m, probs[g, j])
@@ -173,15 +180,48 @@ def attend_slots(q, keys, vals, seen, n_heads, head_dim, scale, out):  # pragma:
                 e = np.exp(probs[g, j] - m)
                 probs[g, j] = e
                 total += e
-            inv = np.float32(1.0) / total
-            for j in range(n_seen):
-                probs[g, j] *= inv
-        acc[:] = 0.0
+            mx[h], sm[h] = m, total
         for j in range(n_seen):
             vrow = vals[seen[j], kh * head_dim : (kh + 1) * head_dim]
             for g in range(group):
                 p = probs[g, j]
-                arow = acc[g]
+                arow = acc[kh * group + g]
                 for i in range(head_dim):
                     arow[i] += p * vrow[i]
-        out[kh * group * head_dim : (kh + 1) * group * head_dim] = acc.reshape(-1)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def attend_slots(q, keys, vals, seen, n_heads, head_dim, scale, out):  # pragma: no cover - compiled
+    """Attention of one query row over the cache slots ``seen`` (the visible ones, chosen by the caller).
+
+    The slots are split in up to ATT_CHUNKS ranges of at least ATT_MIN_KEYS keys, reduced in parallel and
+    merged (flash-decoding); the split depends on the number of slots only, so results do not depend on
+    the thread count (measured: 56 -> ~30 us per layer at 150 keys, 2 threads)."""
+    n_seen = seen.shape[0]
+    n_ch = max(1, min(ATT_CHUNKS, n_seen // ATT_MIN_KEYS))
+    per = (n_seen + n_ch - 1) // n_ch
+    mx = np.empty((n_ch, n_heads), np.float32)
+    sm = np.empty((n_ch, n_heads), np.float32)
+    acc = np.empty((n_ch, n_heads, head_dim), np.float32)
+    if n_ch == 1:
+        _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx[0], sm[0], acc[0])
+    else:
+        for c in numba.prange(n_ch):
+            s0 = c * per
+            _attend_chunk(q, keys, vals, seen[s0 : min(n_seen, s0 + per)], n_heads, head_dim, scale, mx[c], sm[c],
+                          acc[c])  # fmt: skip
+    for h in range(n_heads):  # plain loops: array expressions here would each become a parallel loop
+        m = mx[0, h]
+        for c in range(1, n_ch):
+            m = max(m, mx[c, h])
+        total = np.float32(0.0)
+        for i in range(head_dim):
+            out[h * head_dim + i] = 0.0
+        for c in range(n_ch):
+            w = np.exp(mx[c, h] - m)
+            total += w * sm[c, h]
+            for i in range(head_dim):
+                out[h * head_dim + i] += w * acc[c, h, i]
+        inv = np.float32(1.0) / total
+        for i in range(head_dim):
+            out[h * head_dim + i] *= inv
