@@ -273,6 +273,12 @@ def _table_tasks(wt, n_w, rpt):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _counter():  # pragma: no cover - compiled
+    """A zeroed claim counter (allocated outside the parallel functions: np.zeros there is a parallel loop)."""
+    return np.zeros(16, np.int64)
+
+
+@njit(cache=True)
 def _task_rows(wt, size, starts, i):  # pragma: no cover - compiled
     """(weight, first row, end row) of task ``i``."""
     j = 0
@@ -312,7 +318,7 @@ def matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt):  # pragma: no cover - comp
     crossing cores per task)."""
     size, starts, claim = _table_tasks(wt, n_w, rpt)
     if claim:
-        counter = np.zeros(16, np.int64)
+        counter = _counter()
         for _ in prange(WORKERS):
             i = _claim(counter)
             while i < starts[n_w]:
@@ -328,7 +334,7 @@ def matvec_table_f32(wt, n_w, outs, x, xs, rpt):  # pragma: no cover - compiled
     """The exact-float twin of :func:`matvec_table_i16`."""
     size, starts, claim = _table_tasks(wt, n_w, rpt)
     if claim:
-        counter = np.zeros(16, np.int64)
+        counter = _counter()
         for _ in prange(WORKERS):
             i = _claim(counter)
             while i < starts[n_w]:
