@@ -26,6 +26,7 @@ from ...ops.fusion import fuse
 from ...ops.graph import Graph, Op
 from ...quant.formats import GGMLType
 from ...quant.planar import PlanarTensor
+from ...quant.repack import q5_0_to_q8_0
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
 from . import kernels as k
@@ -82,6 +83,7 @@ class CpuBackend(Backend):
         "rows_per_task",
         "batch_rows",
         "batch_min_rows",
+        "q5_0_as_q8_0",
     )
 
     def __init__(
@@ -95,6 +97,7 @@ class CpuBackend(Backend):
         rows_per_task: int = mv.ROWS_PER_TASK,
         batch_rows: int = 16,
         batch_min_rows: int = 2,
+        q5_0_as_q8_0: bool = True,
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
@@ -114,6 +117,10 @@ class CpuBackend(Backend):
         # batched kernel (rows.py: exact float activations, a row's result independent of the batch)
         self.batch_rows = self.tunable("batch_rows", batch_rows)
         self.batch_min_rows = self.tunable("batch_min_rows", batch_min_rows)
+        # Q5_0 weights converted at load to Q8_0 blocks of the same values (workbench.quant.repack): 55% more
+        # bytes, but on AVX2 hosts a Q8_0 block computes in ~2/3 of a Q5_0 block's time (its fifth bits
+        # cost a third of the work), and decode's Q5_0 projections are compute-bound
+        self.q5_0_as_q8_0 = self.tunable("q5_0_as_q8_0", q5_0_as_q8_0)
         if self.batch_min_rows < 1 or self.batch_rows < 0:
             raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")
         self.small_rows = max(gemv_max_rows, self.batch_rows)  # steps up to this many rows avoid BLAS
@@ -151,6 +158,14 @@ class CpuBackend(Backend):
         qt = self.model.weights[name]
         if isinstance(qt, PlanarTensor):  # re-quantized (workbench.quant.planar): native planar kernels
             return qf.cpu_weight(qt)
+        if qt.type == GGMLType.Q5_0 and self.q5_0_as_q8_0:
+            return CpuWeight(
+                name,
+                GGMLType.Q8_0,
+                int(GGMLType.Q8_0),
+                q5_0_to_q8_0(qt.raw),
+                mv.units(GGMLType.Q8_0, qt.cols),
+            )
         if qt.type in mv.QUANT_TYPES:
             return CpuWeight(name, qt.type, int(qt.type), qt.raw, mv.units(qt.type, qt.cols))
         if qt.type in mv.FLOAT_TYPES:
@@ -186,6 +201,7 @@ class CpuBackend(Backend):
                 "fused": self.fused,
                 "rows_per_task": self.rows_per_task,
                 "batch_rows": [self.batch_min_rows, self.batch_rows],
+                "q5_0_as_q8_0": self.q5_0_as_q8_0,
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
                 "profile": "host",
