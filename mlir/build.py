@@ -3,12 +3,15 @@
 
     python mlir/build.py                          # gemma3-270m, npu1, bf16 -> mlir/build/<design>/design.py
     python mlir/build.py --model gemma3-1b --device npu2 --dtype int8
+    python mlir/build.py --model path/to/model.gguf --prompt-tokens 16 64 --max-keys 2048
     python mlir/build.py --golden                 # rewrite mlir/golden/ (the designs tests compare against)
 
 Compiling follows mlir-aie's example Makefiles: the design prints MLIR (``aie.mlir``), the kernels compile
 with Peano's clang (``--target=aie2-none-unknown-elf``, the Makefiles' flags, tile sizes as ``DIM_*``
 defines), and ``aiecc.py`` (Peano, no Chess) links ``final.xclbin`` + ``insts.bin``. Without the toolchain
-nothing is compiled and the manifest says so.
+nothing is compiled and the manifest says so. The designs are those the ``npu`` backend plans for the model
+(decode, prefills of ``--prompt-tokens`` rows, attention up to ``--max-keys`` keys), each in the folder
+``workbench.backends.npu.designs.artifacts`` names, where ``--tune mode=xrt`` loads them.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ sys.path.insert(0, str(HERE.parent))
 
 from workbench.backends.npu.arch import get_array  # noqa: E402
 from workbench.backends.npu.channels import channel_violations  # noqa: E402
+from workbench.backends.npu.designs import INSTS, XCLBIN, artifacts, schedule_record  # noqa: E402
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules  # noqa: E402
-from workbench.models.config import ModelConfig, preset  # noqa: E402
+from workbench.models.config import PRESETS, ModelConfig, preset  # noqa: E402
+from workbench.models.registry import load  # noqa: E402
 
 KERNEL_SOURCES = {  # object file stem -> source (in mlir-aie's aie_kernels/<arch>, or mlir/kernels: ours)
     "mm": "mm.cc",
     "mv": "mv.cc",
-    "softmax": "softmax.cc",
     "gemv": "gemv.cc",
     "rmsnorm": "rmsnorm.cc",
     "attention": "attention.cc",
@@ -109,35 +113,43 @@ def build_commands(schedule, tools: dict, config: ModelConfig) -> list[list[str]
     ]  # fmt: skip
     peano = str(Path(tools["peano clang++"]).parents[1])
     cmds.append(["aiecc.py", "--aie-generate-xclbin", "--no-compile-host", "--no-xchesscc", "--no-xbridge",
-                 "--peano", peano, "--xclbin-name=final.xclbin", "--aie-generate-npu-insts",
-                 "--npu-insts-name=insts.bin", "aie.mlir"])  # fmt: skip
+                 "--peano", peano, f"--xclbin-name={XCLBIN}", "--aie-generate-npu-insts",
+                 f"--npu-insts-name={INSTS}", "aie.mlir"])  # fmt: skip
     return cmds
 
 
 def compile_design(folder: Path, schedule, tools: dict, config: ModelConfig) -> str:
-    """Build ``final.xclbin`` + ``insts.bin`` in ``folder``; returns a status line."""
+    """Build the xclbin and instruction file in ``folder``; returns a status line."""
     with open(folder / "aie.mlir", "w") as f:
         subprocess.run([sys.executable, "design.py"], cwd=folder, stdout=f, check=True)
     for cmd in build_commands(schedule, tools, config):
         subprocess.run(cmd, cwd=folder, check=True)
-    return "compiled: final.xclbin + insts.bin"
+    return f"compiled: {XCLBIN} + {INSTS}"
 
 
-def _model(name: str) -> str:
+def _config(spec: str) -> ModelConfig:
+    """A preset's config, or the config of a model ``workbench.load`` opens (a .gguf path, an HF folder)."""
     try:
-        preset(name)
+        return preset(spec) if spec.lower() in PRESETS or not Path(spec).exists() else load(spec).config
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return name
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="gemma3-270m", type=_model,
-                    help="model config preset (gemma3-270m ... gemma3-27b)")  # fmt: skip
+    ap.add_argument("--model", default="gemma3-270m", type=_config,
+                    help="model config preset (gemma3-270m ... gemma3-27b) or a model path")  # fmt: skip
     ap.add_argument("--device", default="npu1", choices=["npu1", "hawkpoint", "npu2"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "int8"])
-    ap.add_argument("--prompt-tokens", type=int, default=64, help="prefill shape to build designs for")
+    ap.add_argument(
+        "--prompt-tokens", type=int, nargs="+", default=[64], help="prefill rows to build designs for"
+    )
+    ap.add_argument(
+        "--max-keys",
+        type=int,
+        default=None,
+        help="attention designs up to this many keys (default: the sliding window)",
+    )
     ap.add_argument("--out", default=str(HERE / "build"), help="output folder")
     ap.add_argument("--golden", action="store_true", help="write the golden designs to mlir/golden instead")
     ap.add_argument("--require-compile", action="store_true", help="fail when the toolchain is absent")
@@ -150,23 +162,24 @@ def main(argv=None) -> int:
             (out / f"{design_name(s)}.py").write_text(design_source(s))
         print(f"wrote {len(golden_schedules())} golden designs to {out}")
         return 0
-    config = preset(args.model)
-    schedules = model_schedules(config, args.device, args.dtype, args.prompt_tokens)
+    config = args.model
+    schedules = model_schedules(config, args.device, args.dtype, args.prompt_tokens, args.max_keys)
     tools = toolchain()
     missing = [k for k, v in tools.items() if not v]
     out = Path(args.out)
     manifest = {
-        "model": args.model,
+        "model": config.name,
         "device": args.device,
         "dtype": args.dtype,
         "toolchain": tools,
         "designs": [],
     }
     for s in schedules:
-        folder = out / design_name(s)
+        art = artifacts(s, out)
+        folder = art.folder
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "design.py").write_text(design_source(s))
-        (folder / "schedule.json").write_text(json.dumps(s.to_dict(), indent=1, default=list))
+        art.schedule_json.write_text(json.dumps(schedule_record(s), indent=1))
         over = channel_violations(s, get_array(args.device))  # static DMA channel check of the design
         if over:
             status = "compile FAILED: DMA channels over the tiles' limits: " + "; ".join(over)
@@ -179,13 +192,13 @@ def main(argv=None) -> int:
                 status = f"compile FAILED: {e}"
         manifest["designs"].append(
             {
-                "name": design_name(s),
+                "name": art.name,
                 "folder": str(folder),
                 "status": status,
                 "dma_channels_over_limits": over,
             }
         )
-        print(f"{design_name(s)}: {status}")
+        print(f"{art.name}: {status}")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     failed = [d for d in manifest["designs"] if d["status"].startswith("compile FAILED")]
     if missing:

@@ -74,7 +74,7 @@ def test_int8_matmul_is_exact_integer_arithmetic():
     assert np.abs(got - x @ w.T).max() < 0.1 * np.abs(x @ w.T).max()
 
 
-def test_rmsnorm_and_softmax_match_reference_within_bf16():
+def test_rmsnorm_matches_reference_within_bf16():
     x = RNG.standard_normal((3, 640)).astype(np.float32)
     w = (1 + 0.1 * RNG.standard_normal(640)).astype(np.float32)
     got = emu.rmsnorm(plan_rowwise(A, "rmsnorm", 3, 640), A, x, to_bf16(w), 1e-6, None)
@@ -84,9 +84,8 @@ def test_rmsnorm_and_softmax_match_reference_within_bf16():
     wg = (1 + 0.1 * RNG.standard_normal(16)).astype(np.float32)
     grouped = emu.rmsnorm(plan_rowwise(A, "rmsnorm", 8, 16), A, q, to_bf16(wg), 1e-6, 16)
     assert np.allclose(grouped, ref.rmsnorm(q, wg, 1e-6, 16), rtol=2e-2, atol=2e-2)
-    sm = emu.softmax(plan_rowwise(A, "softmax", 3, 640), A, x)
-    e = np.exp(x - x.max(-1, keepdims=True))
-    assert np.allclose(sm, e / e.sum(-1, keepdims=True), atol=4e-3)
+    with pytest.raises(ValueError, match="row-wise op must be one of"):
+        plan_rowwise(A, "softmax", 3, 640)  # no design or model op uses a row softmax
 
 
 @pytest.mark.parametrize("rows,length", [(1, 640), (64, 256), (2, 5376)])
@@ -117,8 +116,8 @@ def test_attention_schedule_matches_reference(window, q_tile, splits, chunk):
     got = emu.attention(sched, A, q, k, v, qp, kp, 0.25)
     want = ref.attention(q, k, v, qp, kp, nh, nkv, d, 0.25, window)
     assert np.abs(got - want).max() < 2e-2
-    with pytest.raises(ValueError, match="schedule is for"):
-        emu.attention(sched, A, q[:2], k, v, qp[:2], kp, 0.25)
+    with pytest.raises(ValueError, match="schedule is for"):  # more queries than the schedule's
+        emu.attention(sched, A, np.vstack([q, q[:1]]), k, v, np.append(qp, 20), kp, 0.25)
     with pytest.raises(ScheduleError, match="not a multiple of the 4 core rows"):
         attention_schedule(A, t, s, nh, nkv, d, q_tile, chunk, 5, window=window)  # a column's cores share q
 

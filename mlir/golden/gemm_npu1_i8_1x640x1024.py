@@ -70,8 +70,9 @@ def design():
         for c in range(n_cols)
     ]
     a_taps = TensorTiler2D.group_tiler((M, K), (m, k), (1, K // k), pattern_repeat=N // n // n_cols)
-    if True:  # B is a weight repacked at load time in tile order: one run per tile
-        b_taps = TensorTiler2D.simple_tiler((N * K // (n * k), n * k), (1, n * k), pattern_repeat=M // m // n_rows)
+    if True:  # B repacked at load time: column c's n-blocks c, c + n_cols, ... in
+        # the order it multiplies them (k-tiles of n x k), one contiguous slice, streamed once per row band of A
+        b_taps = TensorTiler2D.simple_tiler((n_cols, N * K // n_cols), (1, N * K // n_cols), pattern_repeat=M // m // n_rows)
     else:
         b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
     c_taps = TensorTiler2D.simple_tiler((M, N), (m * n_rows, n))

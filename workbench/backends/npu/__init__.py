@@ -1,14 +1,21 @@
-"""The ``npu`` backend: the ops the NPU schedules cover run on the AIE emulator, the rest on the host.
+"""The ``npu`` backend: the ops the NPU schedules cover run on the AIE emulator or on an NPU through XRT,
+the rest on the host.
 
 Covered kinds (:data:`NPU_KINDS`): ``matmul`` (GEMV for one row, GEMM for more; bf16 or int8 weights),
-``rmsnorm`` (rows and per-head groups) and ``attention`` (over the KV cache). Every other op runs on the
-numpy reference backend, and each op says where it ran: ``op.attrs["device"]`` / ``["timing"]`` in the
-graph this backend runs (the profiler's ``device`` and ``timing`` columns), and ``device.details``.
-NPU op times are ``emulated`` (cost model); host op times are measured host wall time.
+``rmsnorm`` (rows and per-head groups) and ``attention`` (over the KV cache). Each op's schedule comes from
+:mod:`workbench.backends.npu.designs` (shapes padded to the designs that are built) in both modes. Every
+other op runs on the numpy reference backend, and each op says where it ran: ``op.attrs["device"]`` /
+``["timing"]`` in the graph this backend runs (the profiler's ``device`` and ``timing`` columns), and
+``device.details``.
 
-No NPU is needed: the emulator is the default ``npu`` device. Running whole graphs through XRT needs one
-compiled design per op shape (``mlir/build.py``); :mod:`workbench.backends.npu.xrt` runs single designs
-where pyxrt and an NPU exist, and ``--tune mode=xrt`` says exactly what is missing.
+- ``mode=emulator`` (default; no NPU needed): the AIE emulator runs each schedule; times ``emulated``.
+- ``mode=xrt``: each schedule's design, built by ``mlir/build.py`` (``--tune designs=DIR``, default
+  ``mlir/build``), runs on the NPU through pyxrt (:mod:`workbench.backends.npu.xrt_ops`); times
+  ``measured (npu, XRT)``. It needs an NPU, pyxrt and the built designs, and says which are missing (the
+  designs with the exact build command) before running a step. It has not run on an NPU yet: none was
+  available where it was written; its host side is tested against a stand-in for pyxrt.
+
+Host op times are measured host wall time.
 """
 
 from __future__ import annotations
@@ -24,22 +31,25 @@ from ...runtime.kv_cache import KVCache
 from ..base import Backend, BackendUnavailableError, DeviceInfo, OpObserver, Step
 from ..numpy_ref import KERNELS as HOST_KERNELS
 from ..numpy_ref import NumpyBackend
-from . import xrt
+from . import designs, xrt
 from .arch import NPU_DEVICES, get_array
 from .cost import estimate
 from .emulator import kernels as emu
 from .emulator.numerics import F32, quantize_rows_i8, srs_shift, to_bf16
-from .schedule import Schedule, matmul_schedule, plan_attention, plan_rowwise
+from .schedule import Schedule, matmul_schedule
+from .xrt_ops import TIMING as XRT_TIMING
+from .xrt_ops import XrtOps
 
 NPU_KINDS = ("matmul", "rmsnorm", "attention")
 DTYPES = {"bf16": "bf16", "int8": "i8"}
 
 
 class NpuBackend(Backend):
-    """NPU ops on the AIE emulator (npu1, hawkpoint or npu2), other ops on the host numpy reference."""
+    """NPU ops on the AIE emulator (npu1, hawkpoint or npu2) or through XRT, other ops on the host numpy
+    reference."""
 
     name = "npu"
-    tunable_names = ("device", "dtype", "mode")
+    tunable_names = ("device", "dtype", "mode", "designs")
     auto_acceptable = False  # the emulator is a research tool, never a fast default
 
     def __init__(
@@ -50,6 +60,7 @@ class NpuBackend(Backend):
         device: str = "npu1",
         dtype: str = "bf16",
         mode: str = "emulator",
+        designs_root: str | None = None,
     ):
         super().__init__(model, threads, tune)
         device, dtype, mode = (
@@ -57,6 +68,7 @@ class NpuBackend(Backend):
             self.tunable("dtype", dtype),
             self.tunable("mode", mode),
         )
+        root = self.tunable("designs", designs_root or str(designs.DEFAULT_ROOT))
         if dtype not in DTYPES:
             raise ValueError(f"npu backend: dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if device not in NPU_DEVICES:
@@ -64,13 +76,11 @@ class NpuBackend(Backend):
         if mode not in ("emulator", "xrt"):
             raise ValueError(f"npu backend: mode must be emulator or xrt, got {mode!r}")
         self.detection = xrt.detect()
-        if mode == "xrt":
-            why = self.detection.reason() or (
-                "an NPU and pyxrt are present, but graph execution through XRT needs a compiled design per op "
-                "shape, which this build does not run yet: build designs with mlir/build.py and run them with "
-                "workbench.backends.npu.xrt.XrtKernel"
-            )
-            raise BackendUnavailableError(f"npu backend (mode=xrt): {why}")
+        if mode == "xrt" and not self.detection.can_run:
+            raise BackendUnavailableError(f"npu backend (mode=xrt): {self.detection.reason()}")
+        self.mode = mode
+        self.xrt = XrtOps(root, self._build_command) if mode == "xrt" else None
+        self._step_shape: tuple[list[int], int] = ([], 0)  # prefill rows and most keys of the checked step
         self.array = get_array(device)
         self.dtype = DTYPES[dtype]
         self.dtype_name = dtype
@@ -81,31 +91,37 @@ class NpuBackend(Backend):
         self.emulated_s = 0.0
         self.npu_launches = 0
         host_kinds = sorted(set(model.graph(1).kinds()) - set(NPU_KINDS))
-        print(
-            f"workbench: npu backend -> AIE emulator of {self.array.name} ({dtype}); no NPU execution"
+        where = (
+            f"NPU through XRT ({self.array.name} designs from {root})"
+            if self.xrt
+            else f"AIE emulator of {self.array.name}; no NPU execution"
             + (f" ({self.detection.reason()})" if self.detection.reason() else "")
-            + f". On the emulator: {', '.join(NPU_KINDS)}; on the host (numpy reference): {', '.join(host_kinds)}",
+        )
+        print(
+            f"workbench: npu backend -> {where} ({dtype}). On the {'NPU' if self.xrt else 'emulator'}: "
+            f"{', '.join(NPU_KINDS)}; on the host (numpy reference): {', '.join(host_kinds)}",
             file=sys.stderr,
         )
 
     @property
     def device(self) -> DeviceInfo:
-        return DeviceInfo(
-            "npu",
-            f"AIE emulator of {self.array.name}",
-            "emulator",
-            {
-                "profile": self.array.key,
-                "mode": "emulator",
-                "dtype": self.dtype_name,
-                "npu_ops": list(NPU_KINDS),
-                "host_ops": "every other kind, on the numpy reference backend (float32)",
-                "timing": "NPU ops emulated (AIE cost model); host ops measured (host wall time)",
-                "emulated_npu_s": self.emulated_s,
-                "npu_launches": self.npu_launches,
-                "xrt": self.detection.to_dict(),
-            },
-        )
+        details = {
+            "profile": self.array.key,
+            "mode": self.mode,
+            "dtype": self.dtype_name,
+            "npu_ops": list(NPU_KINDS),
+            "host_ops": "every other kind, on the numpy reference backend (float32)",
+            "npu_launches": self.npu_launches,
+            "xrt": self.detection.to_dict(),
+        }
+        if self.xrt:
+            details.update(timing=f"NPU ops {XRT_TIMING}; host ops measured (host wall time)",
+                           measured_npu_s=self.xrt.measured_s, designs=str(self.xrt.root),
+                           designs_loaded=sorted(self.xrt.kernels))  # fmt: skip
+            return DeviceInfo("npu", f"NPU ({self.array.name} designs) through XRT", "npu", details)
+        details.update(timing="NPU ops emulated (AIE cost model); host ops measured (host wall time)",
+                       emulated_npu_s=self.emulated_s)  # fmt: skip
+        return DeviceInfo("npu", f"AIE emulator of {self.array.name}", "emulator", details)
 
     @classmethod
     def probe(cls) -> dict[str, Any]:
@@ -133,8 +149,8 @@ class NpuBackend(Backend):
         g = self._graphs.get(key)
         if g is None:
             npu = {
-                "device": f"npu:emulator({self.array.key})",
-                "timing": "emulated",
+                "device": f"npu:{self.mode}({self.array.key})",
+                "timing": XRT_TIMING if self.xrt else "emulated",
                 "dtype": self.dtype_name,
             }
             host = {"device": "numpy:host", "timing": "measured (host)", "dtype": "fp32"}
@@ -168,7 +184,57 @@ class NpuBackend(Backend):
             w = self._norm_w[name] = to_bf16(self.model.weights[name].dequantize().astype(F32).reshape(-1))
         return w
 
-    # -- op kernels --------------------------------------------------------------------------------------------
+    # -- schedules: the same in both modes (designs.py pads shapes to the built designs) -----------------------
+    def _matmul_schedule(self, op: Op, rows: int, k_in: int) -> Schedule:
+        return designs.matmul_design(
+            self.array, rows, self.model.weights[op.weights[0]].rows, k_in, self.dtype
+        )
+
+    def _rmsnorm_schedule(self, op: Op, shape: tuple[int, ...]) -> Schedule:
+        length = op.attr("group") or shape[-1]
+        size = int(np.prod(shape))
+        return designs.rmsnorm_design(self.array, shape[0], size // shape[0] // length, length)
+
+    def _attention_schedule(self, op: Op, tokens: int, keys: int) -> Schedule:
+        a = op.attrs
+        return designs.attention_design(
+            self.array, tokens, keys, a["n_heads"], a["n_kv_heads"], a["head_dim"], a.get("window", 0)
+        )
+
+    def step_schedules(self, graph: Graph, step: Step) -> list[Schedule]:
+        """The schedules of every NPU op of ``graph`` run on ``step`` (attention's keys from each sequence's
+        start position and the layer's window, as the KV cache will hand them over)."""
+        out = []
+        for op in graph.ops:
+            if op.kind == "matmul":
+                shape = graph.tensors[op.inputs[0]].shape
+                out.append(self._matmul_schedule(op, shape[0], shape[1]))
+            elif op.kind == "rmsnorm":
+                out.append(self._rmsnorm_schedule(op, graph.tensors[op.inputs[0]].shape))
+            elif op.kind == "attention":
+                window = op.attrs.get("window", 0)
+                for s in step.seqs:
+                    first, tokens = int(step.positions[s.start]), s.stop - s.start
+                    held = min(first, window - 1) if window else first
+                    out.append(self._attention_schedule(op, tokens, held + tokens))
+        return out
+
+    def _build_command(self) -> str:
+        prompt_rows, keys = self._step_shape
+        return designs.build_command(
+            self.model.source, self.array.key, self.dtype_name, prompt_rows, keys, self.xrt.root
+        )
+
+    def _check_designs(self, graph: Graph, step: Step) -> None:
+        """Raise :class:`~workbench.backends.npu.designs.MissingDesignsError` (every missing design of this
+        step, and the build command for every design a run to the caches' capacity needs) before running."""
+        tokens = [s.stop - s.start for s in step.seqs]
+        self._step_shape = ([t for t in tokens if t > 1], max(s.cache.max_len for s in step.seqs))
+        missing = self.xrt.missing(self.step_schedules(graph, step))
+        if missing:
+            raise designs.MissingDesignsError(missing, self._build_command())
+
+    # -- op kernels: the emulator or the design through XRT ---------------------------------------------------
     def _charge(self, schedule: Schedule) -> float:
         s = estimate(schedule, self.array).seconds
         self.emulated_s += s
@@ -178,8 +244,11 @@ class NpuBackend(Backend):
     def _matmul(self, op: Op, env: dict, step: Step) -> float:
         x = env[op.inputs[0]]
         w = self._matmul_weight(op.weights[0])
-        n_out = (w if self.dtype == "bf16" else w[0]).shape[0]
-        sched = matmul_schedule(self.array, x.shape[0], n_out, x.shape[1], self.dtype)
+        sched = self._matmul_schedule(op, x.shape[0], x.shape[1])
+        if self.xrt:
+            env[op.outputs[0]], seconds = self.xrt.matmul(sched, x, op.weights[0], w)
+            self.npu_launches += 1
+            return seconds
         if self.dtype == "bf16":
             env[op.outputs[0]] = emu.matmul_bf16(sched, self.array, x, w)
         else:
@@ -188,12 +257,13 @@ class NpuBackend(Backend):
 
     def _rmsnorm(self, op: Op, env: dict, step: Step) -> float:
         x = env[op.inputs[0]]
-        group = op.attr("group")
-        length = group or x.shape[-1]
-        sched = plan_rowwise(self.array, "rmsnorm", x.size // length, length)
-        env[op.outputs[0]] = emu.rmsnorm(
-            sched, self.array, x, self._norm_weight(op.weights[0]), op.attrs["eps"], group
-        )
+        sched = self._rmsnorm_schedule(op, x.shape)
+        w = self._norm_weight(op.weights[0])
+        if self.xrt:
+            env[op.outputs[0]], seconds = self.xrt.rmsnorm(sched, x, w)
+            self.npu_launches += 1
+            return seconds
+        env[op.outputs[0]] = emu.rmsnorm(sched, self.array, x, w, op.attrs["eps"], op.attr("group"))
         return self._charge(sched)
 
     def _attention(self, op: Op, env: dict, step: Step) -> float:
@@ -204,12 +274,14 @@ class NpuBackend(Backend):
         for s in step.seqs:
             sl = slice(s.start, s.stop)
             keys, vals, kpos = s.cache.layers[op.layer].append(pos[sl], k[sl], v[sl])
-            sched = plan_attention(
-                self.array, s.stop - s.start, len(kpos), a["n_heads"], a["n_kv_heads"], a["head_dim"],
-                window=a.get("window", 0),
-            )  # fmt: skip
-            out[sl] = emu.attention(sched, self.array, q[sl], keys, vals, pos[sl], kpos, a["scale"])
-            seconds += self._charge(sched)
+            sched = self._attention_schedule(op, s.stop - s.start, len(kpos))
+            if self.xrt:
+                out[sl], took = self.xrt.attention(sched, q[sl], keys, vals, pos[sl], kpos)
+                self.npu_launches += 1
+                seconds += took
+            else:
+                out[sl] = emu.attention(sched, self.array, q[sl], keys, vals, pos[sl], kpos, a["scale"])
+                seconds += self._charge(sched)
         env[op.outputs[0]] = out
         return seconds
 
@@ -228,6 +300,8 @@ class NpuBackend(Backend):
 
     def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
         self.check_tokens(step)
+        if self.xrt:
+            self._check_designs(graph, step)
         return self.run_ops(self.prepare_graph(graph), step, self._kernel_for, observer)
 
 

@@ -4,7 +4,7 @@
 ``Worker``, ``Runtime``, ``Program``; ``aie.helpers.taplib.TensorTiler2D`` for runtime access patterns)
 whose constants come from the schedule. Running it with mlir-aie installed prints the MLIR module that
 ``aiecc.py`` compiles to ``final.xclbin`` + ``insts.bin`` (see ``mlir/build.py``). Kernels: mlir-aie's
-``aie_kernels`` (``mm.cc``, ``mv.cc`` for i16 GEMV, ``softmax.cc``) where they fit, and ours in
+``aie_kernels`` (``mm.cc``, ``mv.cc`` for i16 GEMV) where they fit, and ours in
 ``mlir/kernels``: ``gemv.cc`` (bf16 GEMV), ``rmsnorm.cc`` (RMSNorm of any row length) and ``attention.cc``
 (the attention chunk update, masked by query and key positions).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Iterable
 
 from .schedule import Schedule
 
@@ -104,8 +105,9 @@ def design():
         for c in range(n_cols)
     ]
     a_taps = TensorTiler2D.group_tiler((M, K), (m, k), (1, K // k), pattern_repeat=N // n // n_cols)
-    if {bool(s.notes.get("pretiled_b"))}:  # B is a weight repacked at load time in tile order: one run per tile
-        b_taps = TensorTiler2D.simple_tiler((N * K // (n * k), n * k), (1, n * k), pattern_repeat=M // m // n_rows)
+    if {bool(s.notes.get("pretiled_b"))}:  # B repacked at load time: column c's n-blocks c, c + n_cols, ... in
+        # the order it multiplies them (k-tiles of n x k), one contiguous slice, streamed once per row band of A
+        b_taps = TensorTiler2D.simple_tiler((n_cols, N * K // n_cols), (1, N * K // n_cols), pattern_repeat=M // m // n_rows)
     else:
         b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
     c_taps = TensorTiler2D.simple_tiler((M, N), (m * n_rows, n))
@@ -214,10 +216,17 @@ def design():
 '''
 
 
-def _rowwise(s: Schedule) -> str:
+def _rmsnorm(s: Schedule) -> str:
     rpc, length = s.tile["rows_per_call"], s.problem["L"]
-    if s.op == "rmsnorm":
-        kernels = f"""w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
+    return f"""
+def design():
+    R, L = {s.problem["R"]}, {length}
+    rows_per_call = {rpc}
+    n_cols, n_rows = {s.columns}, {s.rows}
+    n_cores = n_cols * n_rows
+    calls = -(-R // (rows_per_call * n_cores))
+    row_ty = np.ndarray[(rows_per_call * L,), np.dtype[bfloat16]]
+    w_ty = np.ndarray[(L,), np.dtype[bfloat16]]
     # mlir/kernels/rmsnorm.cc, built with NORM_ROWS=rows_per_call, NORM_LEN=L and the model's NORM_EPS
     rms = Kernel("{s.kernels[0]}", "{s.kernels[1]}", [row_ty, w_ty, row_ty])
     w_in = [ObjectFifo(w_ty, 1, name=f"w_L3L1_{{c}}") for c in range(n_cols)]  # broadcast to the column
@@ -233,33 +242,7 @@ def _rowwise(s: Schedule) -> str:
 
     def args(c, x, y):
         return [x.cons(), y.prod(), w_in[c].cons(), rms]
-"""
-        fill_w = "for c in range(n_cols):\n            rt.fill(w_in[c].prod(), W, placement=Tile(c, 0))"
-        tensors, names = "x_ty, w_ty, x_ty", "X, W, Y"
-    else:
-        kernels = """softmax = Kernel("softmax_bf16", "softmax.o", [row_ty, row_ty, np.int32])
 
-    def core_fn(of_x, of_y, softmax):
-        for _ in range_(calls) if calls > 1 else range(1):
-            x, y = of_x.acquire(1), of_y.acquire(1)
-            softmax(x, y, L)
-            of_x.release(1)
-            of_y.release(1)
-
-    def args(c, x, y):
-        return [x.cons(), y.prod(), softmax]
-"""
-        fill_w = "# no weight"
-        tensors, names = "x_ty, x_ty", "X, Y"
-    return f"""
-def design():
-    R, L = {s.problem["R"]}, {length}
-    rows_per_call = {rpc}
-    n_cols, n_rows = {s.columns}, {s.rows}
-    n_cores = n_cols * n_rows
-    calls = -(-R // (rows_per_call * n_cores))
-    row_ty = np.ndarray[(rows_per_call * L,), np.dtype[bfloat16]]
-    {kernels}
     # per column: one input stream split by the memory tile to the cores, their outputs joined into one
     # output stream; call j of column c takes the next n_rows * rows_per_call rows of the column's range
     col_ty = np.ndarray[(n_rows * rows_per_call * L,), np.dtype[bfloat16]]
@@ -285,9 +268,10 @@ def design():
     taps = TensorTiler2D.simple_tiler((n_cols, per_col), (1, per_col))
     rt = Runtime()
     x_ty = np.ndarray[(n_cols * per_col,), np.dtype[bfloat16]]
-    with rt.sequence({tensors}) as ({names}):
+    with rt.sequence(x_ty, w_ty, x_ty) as (X, W, Y):
         rt.start(*workers)
-        {fill_w}
+        for c in range(n_cols):
+            rt.fill(w_in[c].prod(), W, placement=Tile(c, 0))
         for c in range(n_cols):
             rt.fill(x_in[c].prod(), X, taps[c], placement=Tile(c, 0))
             rt.drain(y_out[c].cons(), Y, taps[c], wait=True, placement=Tile(c, 0))
@@ -412,7 +396,7 @@ def design():
 """
 
 
-BODIES = {"gemm": _gemm, "gemv": _gemv, "rmsnorm": _rowwise, "softmax": _rowwise, "attention": _attention}
+BODIES = {"gemm": _gemm, "gemv": _gemv, "rmsnorm": _rmsnorm, "attention": _attention}
 
 
 def summary(s: Schedule) -> str:
@@ -445,30 +429,47 @@ def design_source(s: Schedule) -> str:
 
 
 def model_schedules(
-    config, device: str = "npu1", dtype: str = "bf16", prompt_tokens: int = 64
+    config,
+    device: str = "npu1",
+    dtype: str = "bf16",
+    prompt_tokens: int | Iterable[int] = 64,
+    max_keys: int | None = None,
 ) -> list[Schedule]:
-    """The distinct schedules one model's decode step and a ``prompt_tokens`` prefill step need."""
+    """The distinct schedules the ``npu`` backend plans (:mod:`workbench.backends.npu.designs`) for one
+    model's decode steps and prefill steps of ``prompt_tokens`` tokens (one count or several), with
+    attention over up to ``max_keys`` keys (default: the sliding window)."""
     from .arch import get_array
-    from .schedule import matmul_schedule, plan_attention, plan_rowwise
+    from .designs import attention_design, key_slots, matmul_design, rmsnorm_design
 
     a, dt = get_array(device), {"bf16": "bf16", "int8": "i8", "i8": "i8"}[dtype]
     c = config
+    max_keys = max_keys or c.sliding_window
     out: dict[str, Schedule] = {}
-    for t in (1, prompt_tokens):
-        mats = [(c.q_dim, c.hidden), (c.kv_dim, c.hidden), (c.hidden, c.q_dim), (c.ffn, c.hidden),
-                (c.hidden, c.ffn), (c.vocab_size, c.hidden)]  # fmt: skip
+
+    def add(s: Schedule) -> None:
+        out.setdefault(design_name(s), s)
+
+    prompts = [prompt_tokens] if isinstance(prompt_tokens, int) else list(prompt_tokens)
+    for t in (1, *prompts):
+        mats = [
+            (c.q_dim, c.hidden),
+            (c.kv_dim, c.hidden),
+            (c.hidden, c.q_dim),
+            (c.ffn, c.hidden),
+            (c.hidden, c.ffn),
+            (c.vocab_size, c.hidden),
+        ]  # fmt: skip (the LM head: logits of every row)
         for n, k in mats:
-            rows = 1 if (n, k) == (c.vocab_size, c.hidden) else t  # logits for the last row only
-            s = matmul_schedule(a, rows, n, k, dt)
-            out.setdefault(design_name(s), s)
-        for r, length in ((t, c.hidden), (t * c.n_heads, c.head_dim), (t * c.n_kv_heads, c.head_dim)):
-            s = plan_rowwise(a, "rmsnorm", r, length)
-            out.setdefault(design_name(s), s)
+            add(matmul_design(a, t, n, k, dt))
+        add(matmul_design(a, 1, c.vocab_size, c.hidden, dt))  # the LM head: logits of the last row
+        for per_token, length in ((1, c.hidden), (c.n_heads, c.head_dim), (c.n_kv_heads, c.head_dim)):
+            add(rmsnorm_design(a, t, per_token, length))
         for window in sorted({c.sliding_window if c.is_sliding(i) else 0 for i in range(c.n_layers)}):
-            s = plan_attention(
-                a, t, max(t, c.sliding_window), c.n_heads, c.n_kv_heads, c.head_dim, window=window
-            )
-            out.setdefault(design_name(s), s)
+            most = min(max(t, max_keys), window - 1 + t) if window else max(t, max_keys)
+            slots = key_slots(t)
+            while slots <= key_slots(most):
+                add(attention_design(a, t, slots, c.n_heads, c.n_kv_heads, c.head_dim, window))
+                slots *= 2
     return list(out.values())
 
 
@@ -484,7 +485,6 @@ def golden_schedules() -> list[Schedule]:
         plan_gemm(n1, 1, 640, 1024, "i8"),  # aie2 int8 mm.cc: m % 16
         plan_gemm(n2, 1, 640, 1024, "i8"),
         plan_rowwise(n1, "rmsnorm", 1, 640),
-        plan_rowwise(n1, "softmax", 4, 512),
         plan_attention(n1, 1, 512, 4, 1, 256, window=512),
         plan_attention(n1, 64, 512, 4, 1, 256, window=512),  # prefill query tiles: masked in the kernel
     ]

@@ -5,8 +5,8 @@ and the emulator (:mod:`workbench.backends.npu.emulator`), so they cannot drift 
 tile sizes that fit the cores' and memory tiles' memories (checked by :meth:`Schedule.check`) and, among
 those, the fastest under the cost model.
 
-Ops: ``gemm`` (activations x weights, several rows), ``gemv`` (one row: decode), ``rmsnorm``, ``softmax``
-and ``attention`` (queries over a KV cache, split over the keys flash-decoding style).
+Ops: ``gemm`` (activations x weights, several rows), ``gemv`` (one row: decode), ``rmsnorm`` and
+``attention`` (queries over a KV cache, split over the keys flash-decoding style).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from .arch import DTYPE_BYTES, MAX_BURST_BYTES, AieArray
 
-OPS = ("gemm", "gemv", "rmsnorm", "softmax", "attention")
+OPS = ("gemm", "gemv", "rmsnorm", "attention")
 # accumulator / output dtype of each input dtype (bf16 -> fp32; int8 -> int32 acc, shift-round-saturate to int16)
 OUT_DTYPE = {"bf16": "f32", "i8": "i16", "i16": "i32"}
 # How many MAC tiles (r, s, t) mm.cc's kernels expand per inner step, in m and in n: its static_asserts
@@ -39,9 +39,8 @@ MM_EXPAND: dict[tuple[str, str], tuple[int, int]] = {
 # RMSNorm kernel (mlir/kernels/rmsnorm.cc): bf16 x bf16 -> fp32 element-wise MACs of this many lanes
 NORM_LANES = 16
 # vector instructions per element of a row-wise op, over VECTOR_LANES_F32 lanes: RMSNorm per 16 values one
-# MAC for the squares, then two MACs, two conversions to bf16 and the weight multiply; softmax max, exp,
-# sum, scale and conversions
-ROWWISE_OPS_PER_ELEM = {"rmsnorm": 6, "softmax": 8}
+# MAC for the squares, then two MACs, two conversions to bf16 and the weight multiply
+ROWWISE_OPS_PER_ELEM = {"rmsnorm": 6}
 # keys per attention chunk at most (mlir/kernels/attention.cc keeps one score per key of a chunk)
 MAX_KV_CHUNK = 64
 
@@ -409,16 +408,15 @@ def matmul_schedule(array: AieArray, rows: int, n_out: int, k_in: int, dtype: st
 def rowwise_schedule(
     array: AieArray, op: str, R: int, L: int, dtype: str, rows_per_call: int, columns: int, with_weight: bool
 ) -> Schedule:
-    """Row-wise ops (RMSNorm, softmax): each core takes ``rows_per_call`` rows of length L per call, computes
+    """Row-wise ops (RMSNorm): each core takes ``rows_per_call`` rows of length L per call, computes
     in fp32 and writes bf16. Per column one input stream carries the rows of all its cores to the memory
     tile, which splits them, and their outputs are joined there into one output stream; a norm's weight row
     arrives once per launch, broadcast from the shim to the column's cores. RMSNorm runs our
-    ``mlir/kernels/rmsnorm.cc`` (rows and length compile-time, L a multiple of :data:`NORM_LANES`), softmax
-    mlir-aie's ``softmax.cc`` (one row per call)."""
-    if op == "rmsnorm" and L % NORM_LANES:
+    ``mlir/kernels/rmsnorm.cc`` (rows and length compile-time, L a multiple of :data:`NORM_LANES`)."""
+    if op not in ROWWISE_OPS_PER_ELEM:
+        raise ScheduleError(f"row-wise op must be one of {sorted(ROWWISE_OPS_PER_ELEM)}, got {op!r}")
+    if L % NORM_LANES:
         raise ScheduleError(f"rmsnorm: row length {L} is not a multiple of the kernel's {NORM_LANES} lanes")
-    if op == "softmax" and rows_per_call != 1:
-        raise ScheduleError("softmax: mlir-aie's softmax kernel normalizes one row per call")
     cores = columns * array.rows
     b = DTYPE_BYTES[dtype]
     calls = -(-R // (rows_per_call * cores))
@@ -436,10 +434,7 @@ def rowwise_schedule(
     if with_weight:
         fifos.append(Fifo("w_L3L1", "shim", "core", (L,), dtype, 1, fanout=array.rows, per_call=False))
         transfers.append(DdrTransfer("w", "in", columns * L * b, L * b, columns, columns))
-    kernel = {
-        "rmsnorm": ("rmsnorm_bf16", f"rmsnorm_{rows_per_call}x{L}.o"),
-        "softmax": ("softmax_bf16", "softmax.o"),
-    }[op]
+    kernel = ("rmsnorm_bf16", f"rmsnorm_{rows_per_call}x{L}.o")
     return Schedule(
         op, array.key, dtype, dtype, {"R": R, "L": L}, {"rows_per_call": rows_per_call},
         columns, rows, tuple(fifos), tuple(transfers), calls, 0, "vector",
@@ -449,12 +444,12 @@ def rowwise_schedule(
 
 @lru_cache(maxsize=4096)
 def plan_rowwise(array: AieArray, op: str, R: int, L: int, dtype: str = "bf16") -> Schedule:
-    if op not in ("rmsnorm", "softmax"):
-        raise ValueError(f"row-wise op must be rmsnorm or softmax, got {op!r}")
+    if op not in ROWWISE_OPS_PER_ELEM:
+        raise ValueError(f"row-wise op must be one of {sorted(ROWWISE_OPS_PER_ELEM)}, got {op!r}")
     per_core = -(-R // array.cores)
     cands = [
-        rowwise_schedule(array, op, R, L, dtype, rpc, cols, op == "rmsnorm")
-        for rpc in ((1, 2, 4, 8) if op == "rmsnorm" else (1,))
+        rowwise_schedule(array, op, R, L, dtype, rpc, cols, True)
+        for rpc in (1, 2, 4, 8)
         if rpc == 1 or rpc <= per_core
         for cols in sorted({1, array.columns})
     ]

@@ -6,18 +6,24 @@ step at once (tile rows are independent, so computing them together gives the sa
 checked against the array's memories first (:meth:`Schedule.check`).
 
 - bf16: inputs rounded to bfloat16, products accumulated in fp32, outputs fp32 (matmuls, attention) or
-  rounded to bf16 (norms, softmax), as the kernels write them; RMSNorm step by step as
-  ``mlir/kernels/rmsnorm.cc`` computes it
+  rounded to bf16 (norms), as the kernels write them; RMSNorm step by step as ``mlir/kernels/rmsnorm.cc``
+  computes it
 - int8: int8 x int8 products accumulated exactly in int32, shift-round-saturated to int16 with a static
   shift, then scaled back by the row scales
+
+A schedule may be for more rows, queries or keys than given (designs are built for padded shapes, see
+:mod:`workbench.backends.npu.designs`): rows are independent and padding keys are masked, so the result
+is that of the given ones. The host steps around the kernels (int8 dequantization, the merge of attention
+splits) are :mod:`workbench.backends.npu.hostside`'s, which the XRT path runs too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import hostside
 from ..arch import AieArray
-from ..schedule import NORM_LANES, Schedule, ceil_to
+from ..schedule import NORM_LANES, Schedule
 from .numerics import F32, quantize_rows_i8, srs, to_bf16
 
 
@@ -42,22 +48,29 @@ def matmul_bf16(schedule: Schedule, array: AieArray, x: np.ndarray, w_bf16: np.n
 def matmul_i8(
     schedule: Schedule, array: AieArray, x: np.ndarray, wq: np.ndarray, w_scale: np.ndarray, shift: int
 ) -> np.ndarray:
-    """Int8 GEMM/GEMV: activations quantized per row to int8, int32 accumulation over k-steps, SRS to
-    int16 by ``shift``, dequantized with the activation and weight row scales. ``wq`` holds the int8
-    weights as float32 (exact), so each k-step (k <= 1024: |partial| < 2**24) is exact in fp32 BLAS."""
+    """Int8 GEMM/GEMV: activations quantized per row to int8, :func:`matmul_i8_acc`, dequantized with the
+    activation and weight row scales. ``wq`` holds the int8 weights as float32 (exact)."""
+    xq, sx = quantize_rows_i8(x)
+    return hostside.dequantize_i16(matmul_i8_acc(schedule, array, xq, wq, shift), shift, sx, w_scale)
+
+
+def matmul_i8_acc(
+    schedule: Schedule, array: AieArray, xq: np.ndarray, wq: np.ndarray, shift: int
+) -> np.ndarray:
+    """What the int8 design computes: int8 ``xq`` (M x K) times ``wq`` (N x K, int8 values) accumulated in
+    int32 over the k-steps, shift-round-saturated to int16 by ``shift``. Each k-step (k <= 1024: |partial| <
+    2**24) is exact in fp32 BLAS."""
     schedule.check(array)
     if schedule.tile["k"] > 1024:
         raise ValueError("int8 emulation needs k <= 1024 (exact fp32 partial sums)")
-    xq, sx = quantize_rows_i8(x)
-    xf = xq.astype(F32)
+    xf, wf = xq.astype(F32), wq.astype(F32)
     k = schedule.tile["k"]
-    acc = np.zeros((x.shape[0], wq.shape[0]), np.int64)
-    for k0 in _steps(schedule, x.shape[1]):
-        acc += (xf[:, k0 : k0 + k] @ wq[:, k0 : k0 + k].T).astype(np.int64)
+    acc = np.zeros((xq.shape[0], wq.shape[0]), np.int64)
+    for k0 in _steps(schedule, xq.shape[1]):
+        acc += (xf[:, k0 : k0 + k] @ wf[:, k0 : k0 + k].T).astype(np.int64)
     if np.abs(acc).max(initial=0) >= 2**31:
         raise OverflowError("int32 accumulator overflow in the int8 GEMM")
-    out = srs(acc, shift).astype(F32) * F32(2.0**shift)
-    return out * sx[:, None] * w_scale[None, :].astype(F32)
+    return srs(acc, shift)
 
 
 def rmsnorm(
@@ -72,7 +85,7 @@ def rmsnorm(
     schedule.check(array)
     length = schedule.problem["L"]
     g = group or x.shape[-1]
-    if g != length or x.size != schedule.problem["R"] * length:
+    if g != length or x.size > schedule.problem["R"] * length:
         raise ValueError(
             f"rmsnorm: schedule is for {schedule.problem['R']} rows of {length}, got {x.size // g} rows of {g}"
         )
@@ -92,14 +105,6 @@ def rmsnorm(
     return to_bf16(normed * w_bf16.reshape(1, -1, NORM_LANES)).reshape(x.shape)
 
 
-def softmax(schedule: Schedule, array: AieArray, x: np.ndarray) -> np.ndarray:
-    """Row softmax: bf16 in, fp32 max/exp/sum, bf16 out."""
-    schedule.check(array)
-    xs = to_bf16(x)
-    e = np.exp(xs - xs.max(axis=-1, keepdims=True))
-    return to_bf16(e / e.sum(axis=-1, keepdims=True, dtype=F32))
-
-
 def attention(
     schedule: Schedule,
     array: AieArray,
@@ -110,18 +115,35 @@ def attention(
     k_pos: np.ndarray,
     scale: float,
 ) -> np.ndarray:
-    """Causal (sliding-window) GQA attention as the schedule tiles it and ``mlir/kernels/attention.cc``
-    computes it: split ``i`` takes keys ``[i * chunks * kv_chunk, ...)`` (the design's padded splits), in
-    chunks of ``kv_chunk`` keys with an online softmax in fp32 (scores from bf16 q and K, probabilities
-    rounded to bf16 for P @ V), keys masked by position (``k <= q`` and, with the schedule's ``window``,
-    ``k > q - window``) inside each chunk; then the splits merged by log-sum-exp. Returns
-    (T, n_heads * head_dim) fp32."""
+    """Causal (sliding-window) GQA attention as the schedule tiles it: :func:`attention_states`, then the
+    splits merged by log-sum-exp on the host (:func:`~workbench.backends.npu.hostside.merge_splits`).
+    Returns (T, n_heads * head_dim) fp32."""
+    out = hostside.merge_splits(*attention_states(schedule, array, q, keys, values, q_pos, k_pos, scale))
+    return out.reshape(q.shape[0], -1).astype(F32)
+
+
+def attention_states(
+    schedule: Schedule,
+    array: AieArray,
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    q_pos: np.ndarray,
+    k_pos: np.ndarray,
+    scale: float,
+) -> tuple[list, list, list]:
+    """What the attention design's cores compute, as ``mlir/kernels/attention.cc`` does: split ``i`` takes
+    keys ``[i * chunks * kv_chunk, ...)`` (:func:`~workbench.backends.npu.hostside.key_splits`), in chunks
+    of ``kv_chunk`` keys with an online softmax in fp32 (scores from bf16 q and K, probabilities rounded to
+    bf16 for P @ V), keys masked by position (``k <= q`` and, with the schedule's ``window``, ``k > q -
+    window``) inside each chunk. Returns per split the running max and sum ``(T, n_kv, group)`` and the
+    unnormalized output ``(T, n_kv, group, head_dim)``."""
     schedule.check(array)
     p = schedule.problem
     nkv, d = p["n_kv_heads"], p["head_dim"]
     g = p["n_heads"] // nkv
     t, s, window = q.shape[0], keys.shape[0], p["window"]
-    if (t, s) != (p["T"], p["S"]):
+    if t > p["T"] or s > p["S"]:
         raise ValueError(f"attention: schedule is for T={p['T']} S={p['S']}, got T={t} S={s}")
     qh = to_bf16(q).reshape(t, nkv, g, d)
     kh = to_bf16(keys).reshape(s, nkv, d)
@@ -129,15 +151,14 @@ def attention(
     visible = k_pos[None, :] <= q_pos[:, None]
     if window:
         visible &= k_pos[None, :] > q_pos[:, None] - window
-    splits, chunk = schedule.tile["splits"], schedule.tile["kv_chunk"]
-    per_split = ceil_to(-(-s // splits), chunk)
+    chunk = schedule.tile["kv_chunk"]
     ms, ls, accs = [], [], []
-    for s0 in range(0, s, per_split):
+    for split in hostside.key_splits(schedule, s):
         m = np.full((t, nkv, g), -np.inf, F32)
         l_sum = np.zeros((t, nkv, g), F32)
         acc = np.zeros((t, nkv, g, d), F32)
-        for c0 in range(s0, min(s, s0 + per_split), chunk):
-            c1 = min(s, s0 + per_split, c0 + chunk)
+        for c0 in range(split.start, split.stop, chunk):
+            c1 = min(split.stop, c0 + chunk)
             sc = np.einsum("tkgd,skd->tkgs", qh, kh[c0:c1], optimize=True) * F32(scale)
             sc = np.where(visible[:, None, None, c0:c1], sc, F32(-np.inf))
             m_new = np.maximum(m, sc.max(axis=-1))
@@ -150,12 +171,4 @@ def attention(
         ms.append(m)
         ls.append(l_sum)
         accs.append(acc)
-    m_all = np.max(ms, axis=0)
-    base = np.where(np.isfinite(m_all), m_all, F32(0.0))
-    num = np.zeros_like(accs[0])
-    den = np.zeros_like(ls[0])
-    for m, l_sum, acc in zip(ms, ls, accs):
-        wgt = np.exp(m - base)
-        num += acc * wgt[..., None]
-        den += l_sum * wgt
-    return (num / den[..., None]).reshape(t, nkv * g * d).astype(F32)
+    return ms, ls, accs
