@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from npu_helpers import build_module, dma_walk
 
+from workbench.backends.npu import hostside
 from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.emulator import kernels as emu
 from workbench.backends.npu.emulator.numerics import to_bf16
+from workbench.backends.npu.hostside import bf16_bits, from_bf16_bits
 from workbench.backends.npu.schedule import attention_schedule, gemv_schedule, rowwise_schedule
 from workbench.models.config import preset
 
@@ -26,7 +28,6 @@ CXX = shutil.which("g++") or shutil.which("clang++")
 A = get_array("npu1")
 CFG = preset("gemma3-270m")
 RNG = np.random.default_rng(0)
-INT32_MAX = 2**31 - 1
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler (g++ or clang++)")
 
@@ -53,14 +54,6 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray((to_bf16(x).view(np.uint32) >> 16).astype(np.uint16))
-
-
-def from_bits(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 @pytest.mark.parametrize("rows,length,rows_per_call", [(2, 640, 1), (4, 256, 2), (1, 5376, 1)])
 def test_rmsnorm_kernel_is_bit_exact_with_the_emulator(tmp_path, rows, length, rows_per_call):
     s = rowwise_schedule(A, "rmsnorm", rows, length, "bf16", rows_per_call, 1, True)
@@ -72,7 +65,7 @@ def test_rmsnorm_kernel_is_bit_exact_with_the_emulator(tmp_path, rows, length, r
     for r in range(0, rows, rows_per_call):  # one call per object of rows_per_call rows
         dll.rmsnorm_bf16(_ptr(xb[r : r + rows_per_call]), _ptr(wb), _ptr(y[r : r + rows_per_call]))
     want = emu.rmsnorm(s, A, x, to_bf16(w), CFG.rms_eps, None)
-    assert np.array_equal(from_bits(y), want)
+    assert np.array_equal(from_bf16_bits(y), want)
 
 
 @pytest.mark.parametrize("m,k", [(16, 8), (32, 256), (64, 128)])
@@ -94,49 +87,28 @@ def test_gemv_kernel_on_the_dma_layout_gives_w_times_x(tmp_path, m, k):
 
 
 def _attention_on_kernel(s, dll, q, keys, values, q_pos, k_pos) -> np.ndarray:
-    """The attention design's host side around the compiled kernel: Q packed per (KV head, query tile) with
-    the tile's positions (padding -1), K|V packed per KV head in chunks (keys, their positions with padding
-    INT32_MAX, values), one state per work item updated chunk by chunk, splits merged by log-sum-exp."""
+    """The attention design's host side (workbench.backends.npu.hostside: Q and K|V packed as the design
+    streams them, per-split states unpacked and merged) around the compiled kernel, run as the design's
+    cores do: one state per (KV head, query tile, split), updated chunk by chunk."""
     p, t = s.problem, s.tile
     nkv, d = p["n_kv_heads"], p["head_dim"]
-    group, q_tile, chunk, splits = p["n_heads"] // nkv, t["q_tile"], t["kv_chunk"], t["splits"]
-    q_tiles, chunks = -(-p["T"] // q_tile), s.notes["chunks_per_item"]
-    s_pad, rows = splits * chunks * chunk, q_tile * group
-    qb = np.zeros((q_tiles * q_tile, nkv, group * d), np.float32)
-    qb[: p["T"]] = q.reshape(p["T"], nkv, group * d)
-    kb, vb = (np.zeros((s_pad, nkv, d), np.float32) for _ in range(2))
-    kb[: p["S"]], vb[: p["S"]] = keys.reshape(-1, nkv, d), values.reshape(-1, nkv, d)
-    qpos = np.full(q_tiles * q_tile, -1, np.int32)
-    qpos[: p["T"]] = q_pos
-    kpos = np.full(s_pad, INT32_MAX, np.int32)
-    kpos[: p["S"]] = k_pos
-    out = np.zeros((q_tiles * q_tile, nkv, group * d), np.float32)
+    rows = t["q_tile"] * p["n_heads"] // nkv
+    q_tiles, chunks, splits = -(-p["T"] // t["q_tile"]), s.notes["chunks_per_item"], t["splits"]
+    q_buf = hostside.pack_attention_q(s, q, q_pos).reshape(nkv, q_tiles, -1)
+    kv_buf = hostside.pack_attention_kv(s, keys, values, k_pos).reshape(nkv, splits, chunks, -1)
+    out = np.zeros((nkv, q_tiles, splits, rows, d + 2), np.float32)
     for h in range(nkv):
         for qt in range(q_tiles):
-            tokens = slice(qt * q_tile, (qt + 1) * q_tile)
-            q_obj = np.concatenate([bf16_bits(qb[tokens, h]).reshape(-1), qpos[tokens].view(np.uint16)])
-            states = []
+            q_obj = np.ascontiguousarray(q_buf[h, qt])
             for sp in range(splits):
-                state = np.zeros((rows, d + 2), np.float32)
+                state = out[h, qt, sp]
                 dll.attn_init_f32(_ptr(state))
                 for c in range(chunks):
-                    idx = sp * chunks * chunk + c * chunk + np.arange(chunk)
-                    kv_obj = np.concatenate(
-                        [
-                            bf16_bits(kb[idx, h]).reshape(-1),
-                            kpos[idx].view(np.uint16),
-                            bf16_bits(vb[idx, h]).reshape(-1),
-                        ]
+                    dll.attn_chunk_bf16(
+                        _ptr(q_obj), _ptr(np.ascontiguousarray(kv_buf[h, sp, c])), _ptr(state)
                     )
-                    dll.attn_chunk_bf16(_ptr(q_obj), _ptr(kv_obj), _ptr(state))
-                states.append(state)
-            ms = np.stack([st[:, d] for st in states])
-            wgt = np.exp(ms - ms.max(axis=0))
-            num = sum(st[:, :d] * wg[:, None] for st, wg in zip(states, wgt))
-            den = sum(st[:, d + 1] * wg for st, wg in zip(states, wgt))
-            with np.errstate(invalid="ignore"):  # padding queries see nothing: 0 / 0, dropped below
-                out[tokens, h] = (num / den[:, None]).reshape(q_tile, group * d)
-    return out[: p["T"]].reshape(p["T"], -1)
+    states = hostside.unpack_attention_states(s, out.reshape(-1), p["T"])
+    return hostside.merge_splits(*states).reshape(p["T"], -1)
 
 
 @pytest.mark.parametrize("window", [0, 6])
