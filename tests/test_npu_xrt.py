@@ -1,15 +1,21 @@
-"""The XRT runtime path's host-side logic (no NPU here: pyxrt is replaced by a recording stand-in)."""
+"""The XRT runtime path's host-side logic (no NPU here: pyxrt is replaced by tests/fake_pyxrt.py)."""
 
 from __future__ import annotations
 
 import sys
-import types
 
 import numpy as np
 import pytest
+from fake_pyxrt import FakeXrt
 
 from workbench.backends.base import BackendUnavailableError
-from workbench.backends.npu import xrt
+from workbench.backends.npu import hostside, xrt
+from workbench.backends.npu.arch import get_array
+from workbench.backends.npu.designs import XCLBIN_MAGIC
+from workbench.backends.npu.emulator import kernels as emu
+from workbench.backends.npu.schedule import plan_rowwise
+
+RNG = np.random.default_rng(0)
 
 
 def test_read_insts_bin_and_txt(tmp_path):
@@ -57,80 +63,34 @@ def test_missing_pyxrt_is_a_clear_error(tmp_path, monkeypatch):
         xrt.XrtKernel(tmp_path / "final.xclbin", tmp_path / "insts.bin")
 
 
-def _fake_pyxrt(calls: list):
-    """A stand-in for pyxrt that records the call sequence and echoes input buffers to outputs."""
-    m = types.ModuleType("pyxrt")
-
-    class BO:
-        class flags:
-            host_only, cacheable = "host_only", "cacheable"
-
-        def __init__(self, dev, size, flags, group):
-            self.data = bytearray(size)
-            calls.append(("bo", size, flags, group))
-
-        def write(self, data, offset):
-            self.data[offset : offset + len(data)] = data
-
-        def read(self, n, offset):
-            return self.data[offset : offset + n]
-
-        def sync(self, direction):
-            calls.append(("sync", direction))
-
-    class Run:
-        def wait(self):
-            calls.append(("wait",))
-            return m.state
-
-    class Kernel:
-        def __init__(self, ctx, name):
-            calls.append(("kernel", name))
-
-        def group_id(self, i):
-            return i
-
-        def __call__(self, opcode, instr, n, *bos):
-            calls.append(("launch", opcode, n, len(bos)))
-            bos[-1].data[:] = bos[0].data[: len(bos[-1].data)]  # "compute": copy input 0 to the output
-            return Run()
-
-    m.ert_cmd_state = types.SimpleNamespace(ERT_CMD_STATE_COMPLETED="completed", ERT_CMD_STATE_ERROR="error")
-    m.state = "completed"
-    m.bo = BO
-    m.kernel = Kernel
-    m.device = lambda i: (
-        calls.append(("device", i))
-        or types.SimpleNamespace(register_xclbin=lambda x: calls.append(("register_xclbin",)))
-    )
-    m.xclbin = lambda p: types.SimpleNamespace(get_uuid=lambda: "uuid")
-    m.hw_context = lambda dev, uuid: calls.append(("hw_context", uuid)) or "ctx"
-    m.xclBOSyncDirection = types.SimpleNamespace(
-        XCL_BO_SYNC_BO_TO_DEVICE="to", XCL_BO_SYNC_BO_FROM_DEVICE="from"
-    )
-    return m
-
-
 def test_xrt_kernel_follows_the_pyxrt_sequence(tmp_path, monkeypatch):
-    calls: list = []
-    monkeypatch.setitem(sys.modules, "pyxrt", _fake_pyxrt(calls))
-    (tmp_path / "final.xclbin").write_bytes(b"x")
+    fake = FakeXrt()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake.module())
+    s = plan_rowwise(get_array("npu1"), "rmsnorm", 2, 64)
+    (tmp_path / "final.xclbin").write_bytes(XCLBIN_MAGIC)
     (tmp_path / "insts.bin").write_bytes(np.arange(4, dtype="<u4").tobytes())
+    fake.register(tmp_path / "final.xclbin", s, 1e-6, 1.0)
     k = xrt.XrtKernel(tmp_path / "final.xclbin", tmp_path / "insts.bin")
-    a = np.arange(8, dtype=np.float32)
-    (out,), seconds = k.run([a, np.ones(8, np.float32)], [((8,), np.float32)])
-    assert np.array_equal(out, a) and seconds >= 0
-    names = [c[0] for c in calls]
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    w = np.ones(64, np.float32)
+    rows = hostside.rowwise_rows(s) * 64
+    (out,), seconds = k.run([hostside.pack_rows(s, x), hostside.bf16_bits(w)], [((rows,), np.uint16)])
+    assert seconds >= 0
+    assert np.array_equal(
+        hostside.unpack_rows(s, out, 2), emu.rmsnorm(s, get_array("npu1"), x, w, 1e-6, None)
+    )
+    names = [c[0] for c in fake.calls]
     assert names[:4] == ["device", "register_xclbin", "hw_context", "kernel"]
-    assert ("bo", 16, "cacheable", 1) in calls  # instructions in group 1
-    assert next(c for c in calls if c[0] == "bo" and c[2] == "host_only")[3] == 3  # data from group 3
-    launch = next(c for c in calls if c[0] == "launch")
-    assert launch == ("launch", 3, 4, 3)  # opcode 3, instruction count, 3 data buffers
+    assert ("bo", 16, "cacheable", 1) in fake.calls  # instructions in group 1
+    data_bos = [c for c in fake.calls if c[0] == "bo" and c[2] == "host_only"]
+    assert [c[3] for c in data_bos] == [3, 4, 5]  # inputs, then the output, from group 3
+    launch = next(c for c in fake.calls if c[0] == "launch")
+    assert launch[:4] == ("launch", 3, 4, 3)  # opcode 3, instruction count, 3 data buffers
     assert names.index("wait") > names.index("launch")
-    assert calls[-1] == ("sync", "from")
-    sys.modules["pyxrt"].state = "error"
+    assert fake.calls[-1] == ("sync", "from")
+    fake.state = "error"
     with pytest.raises(RuntimeError, match="did not complete: error"):
-        k.run([a], [((8,), np.float32)])
+        k.run([hostside.pack_rows(s, x), hostside.bf16_bits(w)], [((rows,), np.uint16)])
 
 
 def test_npu_backend_xrt_mode_says_what_is_missing(tmp_path):

@@ -4,7 +4,11 @@ A design built by ``mlir/build.py`` (``final.xclbin`` + ``insts.bin``) runs as m
 open the device, register the xclbin, create a hardware context, get the ``MLIR_AIE`` kernel, allocate an
 instruction buffer and host-only data buffers, sync inputs to the device, launch with opcode 3, wait,
 sync outputs back. Only :class:`XrtKernel` results are ever labeled as run on an NPU, and only pyxrt
-produces them. ``pyxrt`` is not on PyPI: it comes with XRT built from amd/xdna-driver.
+produces them. ``pyxrt`` is not on PyPI: it comes with XRT built from amd/xdna-driver. Whole graphs run
+through it in :mod:`workbench.backends.npu.xrt_ops` (``--backend npu --tune mode=xrt``).
+
+Untested on hardware: no NPU or XRT was available where this was written; the call sequence follows
+mlir-aie's test utilities and is checked against a stand-in for pyxrt (``tests/fake_pyxrt.py``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ class XrtOps:
         self.root, self.command = Path(root), command
         self.kernels: dict[str, XrtKernel] = {}
         self._weights: dict[tuple[str, str], np.ndarray] = {}
-        self.launches = 0
         self.measured_s = 0.0
 
     def missing(self, schedules: list[Schedule]) -> dict[str, str]:
@@ -60,7 +59,6 @@ class XrtOps:
     ) -> tuple[np.ndarray, float]:
         """Run ``s``'s design on ``inputs``; its one output buffer holds ``output`` = (count, dtype)."""
         (result,), seconds = self._kernel(s).run(inputs, [((output[0],), np.dtype(output[1]))])
-        self.launches += 1
         self.measured_s += seconds
         return result, seconds
 
