@@ -1,8 +1,10 @@
 """Static check of a generated IRON design's DMA channels: how many each tile uses, against its limits.
 
 :func:`trace_design` runs a design's ``design()`` against a recording stand-in for the part of mlir-aie's
-IRON API the designs use (``aie.iron``: object FIFOs with ``forward`` / ``split`` / ``join``, workers,
-runtime fills and drains with their shim placements), and :func:`channel_usage` counts, per tile, the DMA
+IRON API the designs use (``aie.iron``: object FIFOs with ``forward`` / ``split`` / ``join``, kernels,
+workers whose core body is traced once as IRON traces it, runtime fills and drains with their shim
+placements and access patterns) and returns what it recorded (:class:`DesignGraph`; the IRON design tests
+read it too), and :func:`channel_usage` counts, per tile, the DMA
 channels the object FIFOs lower to: a FIFO's producer tile spends one output (MM2S) channel on it, each
 distinct consumer tile one input (S2MM) channel (a broadcast is one output, several inputs). Shared-memory
 neighbours that need no DMA are counted as DMA too, so the counts are an upper bound. Limits per tile: a
@@ -43,10 +45,23 @@ class TracedFifo:
 
 
 @dataclass
+class TracedKernel:
+    name: str
+    obj: str  # the object file it links from
+    arg_types: list
+
+
+@dataclass
 class DesignGraph:
-    """The object FIFOs of a traced design with the tiles of their endpoints."""
+    """What a traced design declared: object FIFOs with the tiles of their endpoints, kernels, the workers'
+    tiles, and the runtime's fills and drains in order (each the tap it streams: ``(kind, shape, tile, ...,
+    index)`` as the stand-in's ``TensorTiler2D`` made it)."""
 
     fifos: list[TracedFifo] = field(default_factory=list)
+    kernels: list[TracedKernel] = field(default_factory=list)
+    workers: list[Tile] = field(default_factory=list)
+    fills: list = field(default_factory=list)
+    drains: list = field(default_factory=list)
 
 
 def _stand_in(graph: DesignGraph) -> dict[str, ModuleType | SimpleNamespace]:
@@ -102,12 +117,23 @@ def _stand_in(graph: DesignGraph) -> dict[str, ModuleType | SimpleNamespace]:
         def cons(self):
             return Handle(self, False)
 
+    class Kernel:
+        def __init__(self, name, obj, arg_types):
+            self.traced = TracedKernel(name, obj, list(arg_types))
+            graph.kernels.append(self.traced)
+
+        def __call__(self, *args):
+            if len(args) != len(self.traced.arg_types):
+                raise ChannelError(f"{self.traced.name}: {len(args)} args for {len(self.traced.arg_types)}")
+
     class Worker:
         def __init__(self, fn, fn_args, placement=None, **kw):
             tile = placed(placement, "a worker")
             for arg in fn_args:
                 if isinstance(arg, Handle):
                     arg.at(tile)
+            fn(*fn_args)  # the core body, traced once
+            graph.workers.append(tile)
 
     class Runtime:
         @contextmanager
@@ -118,10 +144,16 @@ def _stand_in(graph: DesignGraph) -> dict[str, ModuleType | SimpleNamespace]:
             return None
 
         def fill(self, handle, tensor, tap=None, placement=None, **kw):
+            if not handle.is_prod:
+                raise ChannelError(f"fill into the consumer end of {handle.fifo.traced.name}")
             handle.at(placed(placement, f"fill of {handle.fifo.traced.name}"))
+            graph.fills.append(tap)
 
         def drain(self, handle, tensor, tap=None, placement=None, **kw):
+            if handle.is_prod:
+                raise ChannelError(f"drain from the producer end of {handle.fifo.traced.name}")
             handle.at(placed(placement, f"drain of {handle.fifo.traced.name}"))
+            graph.drains.append(tap)
 
     class Program:
         def __init__(self, device, runtime):
@@ -133,22 +165,24 @@ def _stand_in(graph: DesignGraph) -> dict[str, ModuleType | SimpleNamespace]:
     class TensorTiler2D:
         @staticmethod
         def group_tiler(shape, tile, group, **kw):
-            return [None] * ((shape[0] // tile[0] // group[0]) * (shape[1] // tile[1] // group[1]))
+            n = (shape[0] // tile[0] // group[0]) * (shape[1] // tile[1] // group[1])
+            return [("group", shape, tile, group, i) for i in range(n)]
 
         @staticmethod
         def simple_tiler(shape, tile=None, **kw):
-            return [None] * (1 if tile is None else math.prod(s // t for s, t in zip(shape, tile)))
+            n = 1 if tile is None else math.prod(s // t for s, t in zip(shape, tile))
+            return [("simple", shape, tile, i) for i in range(n)]
 
     return {
         "aie": ModuleType("aie"),
         "aie.iron": SimpleNamespace(
-            Kernel=lambda *a, **k: None,
+            Kernel=Kernel,
             ObjectFifo=ObjectFifo,
             Program=Program,
             Runtime=Runtime,
             Worker=Worker,
         ),
-        "aie.iron.controlflow": SimpleNamespace(range_=range),
+        "aie.iron.controlflow": SimpleNamespace(range_=lambda n: range(min(n, 1))),  # a loop body traced once
         "aie.iron.device": SimpleNamespace(NPU1Col4=object, NPU2=object, Tile=lambda col, row: (col, row)),
         "aie.iron.placers": SimpleNamespace(SequentialPlacer=object),
         "aie.helpers": ModuleType("aie.helpers"),
