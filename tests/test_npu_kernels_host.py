@@ -86,6 +86,32 @@ def test_gemv_kernel_on_the_dma_layout_gives_w_times_x(tmp_path, m, k):
     assert np.allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+def test_gemv_design_on_the_packed_weight_gives_w_times_x(tmp_path):
+    """The W buffer the XRT path packs (hostside.pack_gemv_weight) streamed as the GEMV design streams it:
+    column c's slice of tiles, each split by the memory tile into the cores' m-row pieces (offsets m * k *
+    r), each piece through the W_L2L1 pattern into gemv.cc; core (c, r) accumulates block b's rows
+    ((b * columns + c) * rows + r) * m over the K tiles. The y blocks give W @ x."""
+    m, k, cols, rows, blocks = 16, 32, 2, 4, 2
+    N, K = m * rows * cols * blocks - 24, 3 * k  # padded rows too
+    s = gemv_schedule(A, N, K, "bf16", m, k, cols, rows, pretiled=True)
+    dll = _compile(tmp_path, s, s.kernels[2], {"gemv_bf16_f32": 3, "gemv_zero_f32": 1})
+    w = RNG.standard_normal((N, K)).astype(np.float32)
+    x = RNG.standard_normal(K).astype(np.float32)
+    dims = next(f for f in s.fifos if f.name == "W_L2L1").dims
+    tiles = hostside.pack_gemv_weight(s, bf16_bits(w)).reshape(cols, blocks, K // k, rows, m * k)
+    y = np.full(s.tile["N_pad"], np.nan, np.float32)
+    for c in range(cols):
+        for b in range(blocks):
+            for r in range(rows):
+                out = y[((b * cols + c) * rows + r) * m :][:m]
+                dll.gemv_zero_f32(_ptr(out))
+                for ks in range(K // k):
+                    local = np.ascontiguousarray(dma_walk(tiles[c, b, ks, r], dims))
+                    dll.gemv_bf16_f32(_ptr(local), _ptr(bf16_bits(x[ks * k : (ks + 1) * k])), _ptr(out))
+    want = emu.matmul_bf16(s, A, x[None], to_bf16(w))[0]
+    assert np.allclose(hostside.unpack_matmul(s, y, 1)[0], want, rtol=1e-5, atol=1e-5)
+
+
 def _attention_on_kernel(s, dll, q, keys, values, q_pos, k_pos) -> np.ndarray:
     """The attention design's host side (workbench.backends.npu.hostside: Q and K|V packed as the design
     streams them, per-split states unpacked and merged) around the compiled kernel, run as the design's
