@@ -101,3 +101,28 @@ def test_npu_backend_xrt_mode_says_what_is_missing(tmp_path):
     model = wb.load(str(write_tiny_gguf(tmp_path / "t.gguf")))
     with pytest.raises(BackendUnavailableError, match="mode=xrt"):
         wb.Engine(model, "npu", tune="mode=xrt")
+
+
+def test_resident_inputs_are_copied_once_per_array(tmp_path, monkeypatch):
+    """A weight passed as resident gets its own buffer, written once; a new array gets another one."""
+    fake = FakeXrt()
+    monkeypatch.setitem(sys.modules, "pyxrt", fake.module())
+    s = plan_rowwise(get_array("npu1"), "rmsnorm", 2, 64)
+    (tmp_path / "final.xclbin").write_bytes(XCLBIN_MAGIC)
+    (tmp_path / "insts.bin").write_bytes(np.arange(4, dtype="<u4").tobytes())
+    fake.register(tmp_path / "final.xclbin", s, 1e-6, 1.0)
+    k = xrt.XrtKernel(tmp_path / "final.xclbin", tmp_path / "insts.bin")
+    x = hostside.pack_rows(s, RNG.standard_normal((2, 64)))
+    w1, w2 = hostside.bf16_bits(np.ones(64)), hostside.bf16_bits(np.full(64, 2.0))
+    rows = [((hostside.rowwise_rows(s) * 64,), np.uint16)]
+
+    def weight_bos() -> list:
+        return [c for c in fake.calls if c[0] == "bo" and c[1] == w1.nbytes and c[3] == 4]
+
+    first = k.run([x, w1], rows, resident=(1,))[0][0]
+    assert len(weight_bos()) == 1
+    again = k.run([x, w1], rows, resident=(1,))[0][0]
+    assert len(weight_bos()) == 1 and np.array_equal(first, again)
+    other = k.run([x, w2], rows, resident=(1,))[0][0]
+    assert len(weight_bos()) == 2
+    assert np.allclose(hostside.unpack_rows(s, other, 2), 2 * hostside.unpack_rows(s, first, 2), rtol=1e-2)

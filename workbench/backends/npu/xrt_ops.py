@@ -3,9 +3,9 @@
 :class:`XrtOps` is what the ``npu`` backend calls in ``mode=xrt``: the design of a schedule is found where
 ``mlir/build.py`` put it (:func:`~workbench.backends.npu.designs.artifacts`), loaded as one
 :class:`~workbench.backends.npu.xrt.XrtKernel` the first time an op needs it, its inputs packed into the
-layouts of the design's runtime sequence (:mod:`workbench.backends.npu.hostside`; weights packed once per
-design), run, and its outputs unpacked. Every time returned is the XrtKernel's measured sync + launch +
-wait time: ``measured (npu, XRT)``.
+layouts of the design's runtime sequence (:mod:`workbench.backends.npu.hostside`; each weight packed once
+per design into a buffer of its own that stays), run, and its outputs unpacked. Every time returned is the
+XrtKernel's measured sync + launch + wait time: ``measured (npu, XRT)``.
 """
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ class XrtOps:
         return kernel
 
     def _run(
-        self, s: Schedule, inputs: list[np.ndarray], output: tuple[int, Any]
+        self, s: Schedule, inputs: list[np.ndarray], output: tuple[int, Any], weight: int | None = None
     ) -> tuple[np.ndarray, float]:
-        """Run ``s``'s design on ``inputs``; its one output buffer holds ``output`` = (count, dtype)."""
-        (result,), seconds = self._kernel(s).run(inputs, [((output[0],), np.dtype(output[1]))])
+        """Run ``s``'s design on ``inputs`` (``inputs[weight]``: a packed weight, kept in its own buffer);
+        its one output buffer holds ``output`` = (count, dtype)."""
+        resident = () if weight is None else (weight,)
+        (result,), seconds = self._kernel(s).run(inputs, [((output[0],), np.dtype(output[1]))], resident)
         self.measured_s += seconds
         return result, seconds
 
@@ -77,15 +79,16 @@ class XrtOps:
         if s.dtype_in == "bf16":
             w = self._packed_weight(s, name, hostside.bf16_bits(weight))
             if s.op == "gemv":
-                y, seconds = self._run(s, [w, hostside.bf16_bits(x[0])], (n_pad, np.float32))
+                y, seconds = self._run(s, [w, hostside.bf16_bits(x[0])], (n_pad, np.float32), weight=0)
             else:
                 a = hostside.pack_gemm_rows(s, hostside.bf16_bits(x))
-                y, seconds = self._run(s, [a, w], (s.tile["M_pad"] * n_pad, np.float32))
+                y, seconds = self._run(s, [a, w], (s.tile["M_pad"] * n_pad, np.float32), weight=1)
             return hostside.unpack_matmul(s, y, rows), seconds
         wq, w_scale, shift = weight
         w = self._packed_weight(s, name, wq.astype(np.int8))
         xq, x_scale = quantize_rows_i8(x)
-        c, seconds = self._run(s, [hostside.pack_gemm_rows(s, xq), w], (s.tile["M_pad"] * n_pad, np.int16))
+        a = hostside.pack_gemm_rows(s, xq)
+        c, seconds = self._run(s, [a, w], (s.tile["M_pad"] * n_pad, np.int16), weight=1)
         return hostside.dequantize_i16(hostside.unpack_matmul(s, c, rows), shift, x_scale, w_scale), seconds
 
     def rmsnorm(self, s: Schedule, x: np.ndarray, w_bf16: np.ndarray) -> tuple[np.ndarray, float]:
