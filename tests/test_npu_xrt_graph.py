@@ -90,7 +90,7 @@ def test_greedy_decode_through_xrt_equals_the_emulator(tiny_model, fake, monkeyp
         "attention",
     }
     loaded = [c[1] for c in fake.calls if c[0] == "register_xclbin"]
-    assert len(loaded) == len(set(loaded)) == len(backend.xrt.kernels)  # each design loaded once
+    assert len(loaded) == len(set(loaded)) == len(backend.xrt_ops.kernels)  # each design loaded once
     df = prof.dataframe()
     on_npu = df[df.device.str.startswith("npu:xrt")]
     assert set(on_npu.kind) == {"matmul", "rmsnorm", "attention"}

@@ -79,7 +79,7 @@ class NpuBackend(Backend):
         if mode == "xrt" and not self.detection.can_run:
             raise BackendUnavailableError(f"npu backend (mode=xrt): {self.detection.reason()}")
         self.mode = mode
-        self.xrt = XrtOps(root, self._build_command) if mode == "xrt" else None
+        self.xrt_ops = XrtOps(root, self._build_command) if mode == "xrt" else None
         self._step_shape: tuple[list[int], int] = ([], 0)  # prefill rows and most keys of the checked step
         self.array = get_array(device)
         self.dtype = DTYPES[dtype]
@@ -93,12 +93,12 @@ class NpuBackend(Backend):
         host_kinds = sorted(set(model.graph(1).kinds()) - set(NPU_KINDS))
         where = (
             f"NPU through XRT ({self.array.name} designs from {root})"
-            if self.xrt
+            if self.xrt_ops
             else f"AIE emulator of {self.array.name}; no NPU execution"
             + (f" ({self.detection.reason()})" if self.detection.reason() else "")
         )
         print(
-            f"workbench: npu backend -> {where} ({dtype}). On the {'NPU' if self.xrt else 'emulator'}: "
+            f"workbench: npu backend -> {where} ({dtype}). On the {'NPU' if self.xrt_ops else 'emulator'}: "
             f"{', '.join(NPU_KINDS)}; on the host (numpy reference): {', '.join(host_kinds)}",
             file=sys.stderr,
         )
@@ -114,10 +114,10 @@ class NpuBackend(Backend):
             "npu_launches": self.npu_launches,
             "xrt": self.detection.to_dict(),
         }
-        if self.xrt:
+        if self.xrt_ops:
             details.update(timing=f"NPU ops {XRT_TIMING}; host ops measured (host wall time)",
-                           measured_npu_s=self.xrt.measured_s, designs=str(self.xrt.root),
-                           designs_loaded=sorted(self.xrt.kernels))  # fmt: skip
+                           measured_npu_s=self.xrt_ops.measured_s, designs=str(self.xrt_ops.root),
+                           designs_loaded=sorted(self.xrt_ops.kernels))  # fmt: skip
             return DeviceInfo("npu", f"NPU ({self.array.name} designs) through XRT", "npu", details)
         details.update(timing="NPU ops emulated (AIE cost model); host ops measured (host wall time)",
                        emulated_npu_s=self.emulated_s)  # fmt: skip
@@ -150,7 +150,7 @@ class NpuBackend(Backend):
         if g is None:
             npu = {
                 "device": f"npu:{self.mode}({self.array.key})",
-                "timing": XRT_TIMING if self.xrt else "emulated",
+                "timing": XRT_TIMING if self.xrt_ops else "emulated",
                 "dtype": self.dtype_name,
             }
             host = {"device": "numpy:host", "timing": "measured (host)", "dtype": "fp32"}
@@ -222,7 +222,7 @@ class NpuBackend(Backend):
     def _build_command(self) -> str:
         prompt_rows, keys = self._step_shape
         return designs.build_command(
-            self.model.source, self.array.key, self.dtype_name, prompt_rows, keys, self.xrt.root
+            self.model.source, self.array.key, self.dtype_name, prompt_rows, keys, self.xrt_ops.root
         )
 
     def _check_designs(self, graph: Graph, step: Step) -> None:
@@ -230,7 +230,7 @@ class NpuBackend(Backend):
         step, and the build command for every design a run to the caches' capacity needs) before running."""
         tokens = [s.stop - s.start for s in step.seqs]
         self._step_shape = ([t for t in tokens if t > 1], max(s.cache.max_len for s in step.seqs))
-        missing = self.xrt.missing(self.step_schedules(graph, step))
+        missing = self.xrt_ops.missing(self.step_schedules(graph, step))
         if missing:
             raise designs.MissingDesignsError(missing, self._build_command())
 
@@ -245,8 +245,8 @@ class NpuBackend(Backend):
         x = env[op.inputs[0]]
         w = self._matmul_weight(op.weights[0])
         sched = self._matmul_schedule(op, x.shape[0], x.shape[1])
-        if self.xrt:
-            env[op.outputs[0]], seconds = self.xrt.matmul(sched, x, op.weights[0], w)
+        if self.xrt_ops:
+            env[op.outputs[0]], seconds = self.xrt_ops.matmul(sched, x, op.weights[0], w)
             self.npu_launches += 1
             return seconds
         if self.dtype == "bf16":
@@ -259,8 +259,8 @@ class NpuBackend(Backend):
         x = env[op.inputs[0]]
         sched = self._rmsnorm_schedule(op, x.shape)
         w = self._norm_weight(op.weights[0])
-        if self.xrt:
-            env[op.outputs[0]], seconds = self.xrt.rmsnorm(sched, x, w)
+        if self.xrt_ops:
+            env[op.outputs[0]], seconds = self.xrt_ops.rmsnorm(sched, x, w)
             self.npu_launches += 1
             return seconds
         env[op.outputs[0]] = emu.rmsnorm(sched, self.array, x, w, op.attrs["eps"], op.attr("group"))
@@ -275,8 +275,8 @@ class NpuBackend(Backend):
             sl = slice(s.start, s.stop)
             keys, vals, kpos = s.cache.layers[op.layer].append(pos[sl], k[sl], v[sl])
             sched = self._attention_schedule(op, s.stop - s.start, len(kpos))
-            if self.xrt:
-                out[sl], took = self.xrt.attention(sched, q[sl], keys, vals, pos[sl], kpos)
+            if self.xrt_ops:
+                out[sl], took = self.xrt_ops.attention(sched, q[sl], keys, vals, pos[sl], kpos)
                 self.npu_launches += 1
                 seconds += took
             else:
@@ -300,7 +300,7 @@ class NpuBackend(Backend):
 
     def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
         self.check_tokens(step)
-        if self.xrt:
+        if self.xrt_ops:
             self._check_designs(graph, step)
         return self.run_ops(self.prepare_graph(graph), step, self._kernel_for, observer)
 
