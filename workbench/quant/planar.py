@@ -18,6 +18,10 @@ Storage of a (rows, cols) weight, per format name:
 * ``int4-gG-asym``: as above plus ``zero`` uint8 (rows, cols // G) in 0..15: ``w = scale * (u - zero)``
   (the range of each group is widened to include 0 so that 0 is exact).
 
+N:M sparse weights (made by pruning, :mod:`workbench.sparsity.nm`) are stored compressed: format
+``fp32|fp16|bf16|int8-nmN:M`` holds only the kept values in the value format (``q``, and ``scale`` for
+int8) and a plane ``idx`` of 4-bit positions (:mod:`workbench.quant.nm_store`).
+
 A suffix ``+a8`` (int8 and int4 formats) adds *dynamic activation quantization*: the matmul's input is
 quantized per token (per row) to int8 with scale ``max|x| / 127`` before the product, so a kernel can
 multiply integers; the reference semantics is that rounding followed by the float product
@@ -27,12 +31,16 @@ multiply integers; the reference semantics is that rounding followed by the floa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .nm_store import NMError, check_pattern, compress, expand
+
 GROUP_SIZES = (32, 64, 128)
 FLOAT_FORMATS = ("fp32", "fp16", "bf16")
+NM_KINDS = ("fp32", "fp16", "bf16", "int8")  # value formats of compressed N:M weights
+_VALUE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 _NAME = re.compile(r"^(?:(fp32|fp16|bf16|int8)|int4-g(\d+)(-asym)?)(\+a8)?$")
 
 
@@ -42,24 +50,35 @@ class FormatError(ValueError):
 
 @dataclass(frozen=True)
 class PlanarFormat:
-    """One planar format: ``kind`` fp32/fp16/bf16/int8/int4, ``group`` (int4), ``symmetric``, ``act8``."""
+    """One planar format: ``kind`` fp32/fp16/bf16/int8/int4, ``group`` (int4), ``symmetric``, ``act8``;
+    ``nm`` (N, M) for compressed N:M sparse storage."""
 
     kind: str
     group: int = 0
     symmetric: bool = True
     act8: bool = False
+    nm: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
-        """The format's spelling, e.g. ``int4-g32-asym+a8`` (also what run records and op rows show)."""
+        """The format's spelling, e.g. ``int4-g32-asym+a8``, ``fp16-nm2:4`` (what records and op rows show)."""
         base = f"int4-g{self.group}{'' if self.symmetric else '-asym'}" if self.kind == "int4" else self.kind
-        return base + ("+a8" if self.act8 else "")
+        sparse = f"-nm{self.nm[0]}:{self.nm[1]}" if self.nm else ""
+        return base + sparse + ("+a8" if self.act8 else "")
+
+    @property
+    def values(self) -> PlanarFormat:
+        """The format of the stored values: this one without N:M compression."""
+        return replace(self, nm=None)
 
     def __str__(self) -> str:
         return self.name
 
     def row_bytes(self, cols: int) -> int:
         """Bytes of one row across all planes."""
+        if self.nm:
+            kept = cols // self.nm[1] * self.nm[0]
+            return kept * _VALUE_BYTES[self.kind] + kept // 2 + (4 if self.kind == "int8" else 0)
         if self.kind in ("fp16", "bf16"):
             return 2 * cols
         if self.kind == "fp32":
@@ -75,6 +94,15 @@ class PlanarFormat:
     def check_shape(self, shape: tuple[int, ...], what: str = "tensor") -> None:
         if len(shape) != 2:
             raise FormatError(f"{what}: format {self.name} stores matrices, got shape {shape}")
+        if self.nm:
+            if self.kind not in NM_KINDS or self.act8:
+                raise FormatError(
+                    f"{what}: {self.name}: N:M storage holds {', '.join(NM_KINDS)} values (no int4, no +a8)"
+                )
+            try:
+                check_pattern(*self.nm, shape[1], what)
+            except NMError as e:
+                raise FormatError(str(e)) from None
         if self.kind == "int4" and shape[1] % self.group:
             raise FormatError(
                 f"{what}: {shape[1]} columns is not a multiple of the group size {self.group} of {self.name}"
@@ -163,6 +191,12 @@ def quantize(w: np.ndarray, fmt: PlanarFormat, what: str = "tensor") -> dict[str
     w = np.ascontiguousarray(w, np.float32)
     if not np.isfinite(w).all():
         raise FormatError(f"{what}: cannot quantize non-finite values")
+    if fmt.nm:
+        try:
+            values, idx = compress(w, *fmt.nm, what)
+        except NMError as e:
+            raise FormatError(str(e)) from None
+        return {**quantize(values, fmt.values, what), "idx": idx}
     if fmt.kind == "fp32":
         return {"q": w}
     if fmt.kind == "fp16":
@@ -176,6 +210,9 @@ def quantize(w: np.ndarray, fmt: PlanarFormat, what: str = "tensor") -> dict[str
 
 def dequantize_planes(planes: dict[str, np.ndarray], fmt: PlanarFormat) -> np.ndarray:
     """Float32 values of (a row selection of) a planar tensor: the format's reference semantics."""
+    if fmt.nm:
+        values = dequantize_planes({k: v for k, v in planes.items() if k != "idx"}, fmt.values)
+        return expand(values, planes["idx"], *fmt.nm)
     q = planes["q"]
     if fmt.kind == "fp32":
         return q.astype(np.float32, copy=False)

@@ -8,12 +8,13 @@ carries that error too, and the variant's notes say so: "fp32" of a Q4_K_M model
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from tqdm.auto import tqdm
 
 from ..models.model import Model
 from ..models.weights import Weights
-from .planar import PlanarTensor, make_planar
+from .planar import NM_KINDS, PlanarFormat, PlanarTensor, make_planar
 from .spec import QuantSpec, parse_spec
 from .variant import VariantModel, make_variant
 
@@ -27,6 +28,12 @@ def source_name(tensor) -> str:
     return tensor.type.name
 
 
+def keeps_nm(src, fmt: PlanarFormat) -> PlanarFormat:
+    """``fmt``, compressed N:M like ``src`` where ``src`` is N:M and ``fmt`` can hold it (else dense)."""
+    nm = src.type.nm if isinstance(src, PlanarTensor) else None
+    return replace(fmt, nm=nm) if nm and fmt.kind in NM_KINDS and not fmt.act8 else fmt
+
+
 def requantize(model: Model, spec: str | QuantSpec, progress: bool = True) -> VariantModel:
     """A variant of ``model`` whose matmul weights are stored as ``spec`` says (others kept as they are)."""
     if isinstance(spec, str):
@@ -36,9 +43,12 @@ def requantize(model: Model, spec: str | QuantSpec, progress: bool = True) -> Va
     tensors = dict(model.weights.items())
     sources: Counter[str] = Counter()
     formats: Counter[str] = Counter()
+    nm_dense = 0  # N:M sparse sources stored dense (their format has no N:M storage)
     for name in tqdm(todo, desc=f"requantize {spec.text}", unit="tensor", disable=not progress or not todo):
         src = model.weights[name]
-        fmt = chosen[name]
+        fmt = keeps_nm(src, chosen[name])
+        if isinstance(src, PlanarTensor) and src.type.nm and not fmt.nm:
+            nm_dense += 1
         sources[source_name(src)] += 1
         formats[fmt.name] += 1
         w = src.dequantize().reshape(src.rows, src.cols)
@@ -58,4 +68,9 @@ def requantize(model: Model, spec: str | QuantSpec, progress: bool = True) -> Va
         if todo
         else "no weight re-quantized",
     }
+    if nm_dense:
+        notes["nm_stored_dense"] = (
+            f"{nm_dense} N:M-pruned weights re-quantized to a format without N:M storage (int4, +a8): their "
+            "zeros are stored and computed densely"
+        )
     return make_variant(model, Weights(tensors, model.weights.source), notes=notes)

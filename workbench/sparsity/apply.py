@@ -25,8 +25,9 @@ def build_variant(
     if sspec.nm is not None:
         weights, count = prune_weights(model.weights, sspec.nm, n_layers)
         variant = make_variant(variant, weights, notes={"nm_pruned_tensors": count,
-                                                        "nm_note": "pruned weights kept dense (fp32 unless the quant "
-                                                        "spec re-quantizes them): accuracy only, no N:M kernel"})  # fmt: skip
+                                                        "nm_note": f"pruned weights stored compressed ({sspec.nm.n}:"
+                                                        f"{sspec.nm.m}, fp32 values unless the quant spec re-quantizes "
+                                                        "them): the cpu backend's N:M kernels read only kept values"})  # fmt: skip
     if not qspec.is_native:
         variant = requantize(variant, qspec, progress)
     else:

@@ -1,4 +1,8 @@
-"""N:M weight sparsity by magnitude pruning: in every M consecutive inputs of a row, keep the N largest |w|."""
+"""N:M weight sparsity by magnitude pruning: in every M consecutive inputs of a row, keep the N largest |w|.
+
+Pruned weights are stored compressed (``fp32-nmN:M``, :mod:`workbench.quant.nm_store`): backends with an
+N:M kernel read only the kept values; a quantization spec applied afterwards keeps the compression for
+fp16/bf16/int8 values (:func:`workbench.quant.requant.requantize`)."""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ def prune_nm(w: np.ndarray, n: int, m: int, what: str = "tensor") -> np.ndarray:
 
 
 def prune_weights(weights: Weights, spec: NMSparsity, n_layers: int) -> tuple[Weights, int]:
-    """The weights with the selected layer matmuls pruned (stored fp32, exact); and how many were pruned."""
+    """The weights with the selected layer matmuls pruned (compressed N:M, fp32 values: exact); and how many
+    were pruned."""
     tensors = dict(weights.items())
     count = 0
     for layer in range(n_layers):
@@ -36,6 +41,8 @@ def prune_weights(weights: Weights, spec: NMSparsity, n_layers: int) -> tuple[We
             src = weights[name]
             w = src.dequantize().reshape(src.rows, src.cols)
             note = f"{source_name(src)} pruned {spec.n}:{spec.m}"
-            tensors[name] = make_planar(name, prune_nm(w, spec.n, spec.m, name), PlanarFormat("fp32"), note)
+            tensors[name] = make_planar(
+                name, prune_nm(w, spec.n, spec.m, name), PlanarFormat("fp32", nm=(spec.n, spec.m)), note
+            )
             count += 1
     return Weights(tensors, weights.source), count

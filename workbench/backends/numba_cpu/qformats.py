@@ -225,7 +225,12 @@ class PlanarWeight:
 
 
 def cpu_weight(tensor: PlanarTensor):
-    """The cpu backend's view of a planar tensor: fp32 is a plain float32 weight, the others planar."""
+    """The cpu backend's view of a planar tensor: fp32 is a plain float32 weight, N:M compressed weights
+    :class:`~workbench.backends.numba_cpu.nm.NMWeight`, the others planar."""
+    if tensor.type.nm:
+        from .nm import NMWeight
+
+        return NMWeight(tensor)
     if tensor.type.kind == "fp32":
         from . import CpuWeight
 

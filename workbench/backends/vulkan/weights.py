@@ -77,6 +77,11 @@ PLANAR_PLAIN = {"fp32": "F32", "fp16": "F16", "bf16": "BF16"}
 def planar_defines(t: PlanarTensor) -> tuple[str, ...]:
     """Decoder defines of a re-quantized planar weight; a clear error for formats without a shader."""
     f = t.type
+    if f.nm:
+        raise UnsupportedOpError(
+            f"vulkan backend: tensor {t.name!r} is {f.name}: compressed N:M sparse weights have no Vulkan kernel "
+            "(the cpu backend runs them; numpy computes them dense)"
+        )
     if f.act8:
         raise UnsupportedOpError(
             f"vulkan backend: tensor {t.name!r} is {f.name}: dynamic int8 activations (+a8) have no Vulkan "

@@ -1,0 +1,229 @@
+"""``cpu`` matvec of compressed N:M sparse weights (:mod:`workbench.quant.nm_store`): each row reads only its
+kept values (fp32, fp16, bf16 or int8 per channel) and their 4-bit positions, and multiplies them with the
+activations at those positions, so the pruned weights cost neither memory traffic nor multiplications.
+
+2:4 has a vector kernel (:func:`make_dot_2_4`): for each pair of groups of four inputs, one code byte
+(the four kept positions, 2 bits each; repacked at load from the stored 4-bit positions) selects a
+``vpermilps`` control from a 256-entry table, two permutes put the kept activations of both groups in one
+4-lane vector, in the order of the stored values, and one FMA multiplies them with four stored values.
+Other patterns, and rows whose groups do not pair up, run a scalar loop.
+Prefill (many rows) dequantizes rows into float32 tiles for BLAS like every planar format
+(:class:`~workbench.backends.numba_cpu.qformats.PlanarWeight`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..._numba import numba
+from ...quant.planar import PlanarTensor
+from .qformats import PlanarWeight
+from .simd import F32, FAST, I8, I16, I32, I64, _as_ptr, _hsum, _prefetch, ptr, vt
+
+njit, prange = numba.njit, numba.prange
+# the values plane's dtype as the kernels see it selects the decoder at compile time: float32, int8 (times
+# the row scale), fp16 bits as uint16, bf16 bits as int16
+_VIEW = {"fp32": np.float32, "int8": np.int8, "fp16": np.uint16, "bf16": np.int16}
+
+
+@intrinsic
+def _widen(typingctx, v):
+    """A stored value as float32, by its type: float32 as is, int8 converted, uint16 fp16 bits, int16 bf16 bits."""
+    if v not in (types.float32, types.int8, types.uint16, types.int16):
+        return None
+
+    def codegen(context, b, signature, args):
+        (x,) = args
+        f32 = ir.FloatType()
+        if v == types.float32:
+            return x
+        if v == types.int8:
+            return b.sitofp(x, f32)
+        if v == types.uint16:
+            return b.fpext(b.bitcast(x, ir.HalfType()), f32)
+        return b.bitcast(b.shl(b.zext(x, ir.IntType(32)), ir.Constant(ir.IntType(32), 16)), f32)
+
+    return types.float32(v), codegen
+
+
+UNROLL = 4  # group pairs per loop iteration (their code bytes in one 32-bit load; one accumulator each)
+PREFETCH_AHEAD = 1024  # bytes of the value stream prefetched ahead
+VALUE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+# the 2:4 position pairs, numbered: a group's kept activations are entry ``combo`` of its table row
+COMBOS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
+_COMBO_OF = {pair: c for c, pair in enumerate(COMBOS)}
+
+
+def _four_values(b: ir.IRBuilder, vp: ir.Value, pair: ir.Value, kind: str) -> ir.Value:
+    """The four stored values of group pair ``pair`` as <4 x float>."""
+    t = {"fp32": F32, "int8": I8}.get(kind, I16)
+    addr = b.gep(vp, [b.mul(pair, ir.Constant(I64, 4 * VALUE_BYTES[kind]))])
+    raw = b.load(b.bitcast(addr, ptr(vt(t, 4))), align=1)
+    if kind == "int8":
+        return b.sitofp(raw, vt(F32, 4))
+    if kind == "fp16":
+        return b.fpext(b.bitcast(raw, vt(ir.HalfType(), 4)), vt(F32, 4))
+    if kind == "bf16":
+        return b.bitcast(b.shl(b.zext(raw, vt(I32, 4)), ir.Constant(vt(I32, 4), [16] * 4)), vt(F32, 4))
+    return raw
+
+
+def make_dot_2_4(kind: str):
+    """``dot(v_addr, code_addr, table_addr, n_pairs) -> float32``: one 2:4 row of ``kind`` values against
+    one activation row given as its combo table (:func:`combo_table`)."""
+
+    @intrinsic
+    def dot(typingctx, v, c, tab, n):
+        sig = types.float32(types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, b, signature, args):
+            v_a, c_a, t_a, n_pairs = args
+            f2, f4, i64 = vt(F32, 2), vt(F32, 4), (lambda k: ir.Constant(I64, k))
+            vp, cp, tp = _as_ptr(b, v_a, I8), _as_ptr(b, c_a, I8), _as_ptr(b, t_a, f2)
+            acc = [cgutils.alloca_once_value(b, ir.Constant(f4, [0.0] * 4)) for _ in range(UNROLL)]
+
+            def pair(p: ir.Value, code: ir.Value, slot: int) -> None:
+                """acc += the four values of pair ``p`` times the kept activations of its two groups."""
+                code = b.zext(code, I64)
+                row = b.mul(p, i64(2 * len(COMBOS)))  # table entries of the pair's first group
+                lo = b.load(b.gep(tp, [b.add(row, b.and_(code, i64(15)))]), align=4)
+                hi = b.load(b.gep(tp, [b.add(b.add(row, i64(len(COMBOS))), b.lshr(code, i64(4)))]), align=4)
+                kept = b.shuffle_vector(lo, hi, ir.Constant(vt(I32, 4), [0, 1, 2, 3]))
+                term = b.fmul(_four_values(b, vp, p, kind), kept, flags=FAST)
+                b.store(b.fadd(b.load(acc[slot]), term, flags=FAST), acc[slot])
+
+            n_iter = b.udiv(n_pairs, i64(UNROLL))
+            with cgutils.for_range(b, n_iter) as loop:
+                p0 = b.mul(loop.index, i64(UNROLL))
+                _prefetch(b, b.gep(vp, [b.mul(p0, i64(4 * VALUE_BYTES[kind]))]), PREFETCH_AHEAD)
+                word = b.load(b.bitcast(b.gep(cp, [p0]), ptr(I32)), align=1)
+                for k in range(UNROLL):
+                    pair(b.add(p0, i64(k)), b.trunc(b.lshr(word, ir.Constant(I32, 8 * k)), I8), k)
+            with cgutils.for_range_slice(b, b.mul(n_iter, i64(UNROLL)), n_pairs, i64(1)) as (p, _):
+                pair(p, b.load(b.gep(cp, [p])), 0)
+            total = b.load(acc[0])
+            for a in acc[1:]:
+                total = b.fadd(total, b.load(a), flags=FAST)
+            return _hsum(b, total)
+
+        return sig, codegen
+
+    return dot
+
+
+F32_V, F16_V, BF16_V, I8_V = 0, 1, 2, 3
+_KIND_CODE = {"fp32": F32_V, "fp16": F16_V, "bf16": BF16_V, "int8": I8_V}
+dot_f32, dot_f16, dot_bf16, dot_i8 = (make_dot_2_4(k) for k in _KIND_CODE)
+_COMBO_COLS = np.array(COMBOS, np.int64)
+
+
+@njit(cache=True)
+def combo_table(x, out):  # pragma: no cover - compiled
+    """out[t, g, c] = the activations of group g (inputs 4g .. 4g+3) at the positions of combo c."""
+    for t in range(x.shape[0]):
+        for g in range(out.shape[1]):
+            for c in range(_COMBO_COLS.shape[0]):
+                out[t, g, c, 0] = x[t, 4 * g + _COMBO_COLS[c, 0]]
+                out[t, g, c, 1] = x[t, 4 * g + _COMBO_COLS[c, 1]]
+
+
+@njit(cache=True)
+def _dot_pairs(kind, v, c, tab, n_pairs):  # pragma: no cover - compiled
+    if kind == F16_V:
+        return dot_f16(v, c, tab, n_pairs)
+    if kind == I8_V:
+        return dot_i8(v, c, tab, n_pairs)
+    if kind == BF16_V:
+        return dot_bf16(v, c, tab, n_pairs)
+    return dot_f32(v, c, tab, n_pairs)
+
+
+@njit(parallel=True, cache=True)
+def matvec_2_4(kind, v, codes, scale, tab, out, rpt):  # pragma: no cover - compiled
+    """out[t, r] = scale[r] * (row r . x[t]) for 2:4 rows of paired groups (``codes``: one byte a pair),
+    ``tab`` the activations' combo tables."""
+    rows, n_pairs = codes.shape
+    for i in prange((rows + rpt - 1) // rpt):
+        for r in range(i * rpt, min(rows, (i + 1) * rpt)):
+            va = v.ctypes.data + r * v.strides[0]
+            ca = codes.ctypes.data + r * codes.strides[0]
+            for t in range(tab.shape[0]):
+                out[t, r] = scale[r] * _dot_pairs(kind, va, ca, tab.ctypes.data + t * tab.strides[0], n_pairs)
+
+
+def pair_codes(idx: np.ndarray) -> np.ndarray:
+    """2:4 positions (one byte a group: first kept low nibble, second high) as one byte a pair of groups:
+    the combo numbers (:data:`COMBOS`) of its first group (low nibble) and second group (high nibble)."""
+    lut = np.zeros(256, np.uint8)
+    for (a, b), c in _COMBO_OF.items():
+        lut[a | b << 4] = c
+    combo = lut[idx]
+    return np.ascontiguousarray(combo[:, 0::2] | combo[:, 1::2] << np.uint8(4))
+
+
+@njit(cache=True, fastmath=True)
+def _dot_2_4(v, idx, x):  # pragma: no cover - compiled
+    """One 2:4 row: byte g of ``idx`` holds the two kept positions of inputs 4g .. 4g+3."""
+    acc0 = np.float32(0.0)
+    acc1 = np.float32(0.0)
+    for g in range(idx.shape[0]):
+        b = np.int64(idx[g])
+        acc0 += _widen(v[2 * g]) * x[4 * g + (b & 15)]
+        acc1 += _widen(v[2 * g + 1]) * x[4 * g + (b >> 4)]
+    return acc0 + acc1
+
+
+@njit(cache=True, fastmath=True)
+def _dot_nm(v, idx, x, n, m):  # pragma: no cover - compiled
+    """One N:M row: slot k's position is nibble k of ``idx`` (low nibble first)."""
+    acc = np.float32(0.0)
+    for g in range(v.shape[0] // n):
+        for s in range(n):
+            k = g * n + s
+            pos = (np.int64(idx[k >> 1]) >> ((k & 1) * 4)) & 15
+            acc += _widen(v[k]) * x[g * m + pos]
+    return acc
+
+
+@njit(parallel=True, cache=True)
+def matvec_nm(v, idx, scale, x, n, m, out, rpt):  # pragma: no cover - compiled
+    """out[t, r] = scale[r] * (row r . x[t]) over the kept values (scale: ones for float values)."""
+    rows = v.shape[0]
+    for i in prange((rows + rpt - 1) // rpt):
+        for r in range(i * rpt, min(rows, (i + 1) * rpt)):
+            for t in range(x.shape[0]):
+                if n == 2 and m == 4:
+                    d = _dot_2_4(v[r], idx[r], x[t])
+                else:
+                    d = _dot_nm(v[r], idx[r], x[t], n, m)
+                out[t, r] = d * scale[r]
+
+
+class NMWeight(PlanarWeight):
+    """A compressed N:M planar weight as the cpu kernels read it."""
+
+    def __init__(self, tensor: PlanarTensor):
+        super().__init__(tensor)
+        f = tensor.type
+        self.n, self.m = f.nm
+        self.values = tensor.planes["q"].view(_VIEW[f.kind])
+        self.idx = tensor.planes["idx"]
+        self.row_scale = self.scale if f.kind == "int8" else np.ones(self.rows, np.float32)
+        self.kind = _KIND_CODE[f.kind]
+        # the vector kernel: 2:4 rows whose groups pair up
+        self.codes = pair_codes(self.idx) if (self.n, self.m) == (2, 4) and self.cols % 8 == 0 else None
+
+    def matvec(self, x: np.ndarray, rpt: int) -> np.ndarray:
+        """x (T, cols) @ W.T for a few rows T, reading only the kept values."""
+        out = np.empty((x.shape[0], self.rows), np.float32)
+        if self.codes is not None:
+            tab = np.empty((x.shape[0], self.cols // 4, len(COMBOS), 2), np.float32)
+            combo_table(x, tab)
+            matvec_2_4(self.kind, self.values, self.codes, self.row_scale, tab, out, rpt)
+        else:
+            matvec_nm(self.values, self.idx, self.row_scale, x, self.n, self.m, out, rpt)
+        return out
