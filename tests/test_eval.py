@@ -97,6 +97,23 @@ def test_quantized_sparse_variant_on_cpu_with_speed(tmp_path):
     assert s["ffn_layer"] == 1 and s["ffn_layer_us"] > 0 and s["ffn_layer_speedup"] > 0
 
 
+def test_nm_variant_is_timed_against_its_dense_twin(tmp_path):
+    from workbench.sparsity.apply import build_variant
+    from workbench.sparsity.nm import dense_twin, nm_weight_count
+
+    cfg = EvalConfig(quant="fp16", sparsity="nm=2:4@ffn", **{**FAST, "speed_tokens": 4, "repeats": 1})
+    model = tiny_model(tmp_path, "Q8_0")
+    s = evaluate(cfg, model=model, progress=False)["speed"]
+    assert s["nm_ops"] > 0 and s["nm_ops_ms_per_token"] > 0 and s["nm_dense_twin_ops_ms_per_token"] > 0
+    assert s["nm_decode_tok_s"] > 0 and s["nm_decode_ratio"] > 0
+    variant = build_variant(model, "fp16", "nm=2:4@ffn", progress=False)
+    twin = dense_twin(variant)
+    assert nm_weight_count(variant) == 3 * model.config.n_layers and nm_weight_count(twin) == 0
+    name = "blk.0.ffn_down.weight"
+    assert twin.weights[name].type.name == "fp16"
+    np.testing.assert_array_equal(twin.weights[name].dequantize(), variant.weights[name].dequantize())
+
+
 def test_cli_eval_json(tmp_path):
     path = tiny_model(tmp_path).source
     args = ["--tokens", "30", "--window", "16", "--chunk", "8", "--prompts", "1", "--continuation", "3",

@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
               f"FFN block {s['ffn_ms_per_token']:.3f} ms/token vs {s['ffn_ms_per_token_ref']:.3f} "
               f"(ref/variant x{s['ffn_speedup']:.3f}); attention {s['attn_ms_per_token']:.3f} vs "
               f"{s['attn_ms_per_token_ref']:.3f} (x{s['attn_speedup']:.3f}) after {s['prompt_tokens']} prompt tokens")  # fmt: skip
+    if "nm_ops_speedup" in s:
+        print(f"  N:M kernels vs the same pruned weights stored dense: ops with N:M weights {s['nm_ops_ms_per_token']:.3f} "
+              f"vs {s['nm_dense_twin_ops_ms_per_token']:.3f} ms/token (x{s['nm_ops_speedup']:.3f}); decode "
+              f"{s['nm_decode_tok_s']:.1f} vs {s['nm_dense_twin_decode_tok_s']:.1f} tok/s (x{s['nm_decode_ratio']:.3f})")  # fmt: skip
     if "ffn_layer_us" in s:
         print(f"  FFN ops of layer {s['ffn_layer']} alone: {s['ffn_layer_us']:.1f} us vs {s['ffn_layer_us_ref']:.1f} "
               f"(ref/variant x{s['ffn_layer_speedup']:.3f}, warm caches)")  # fmt: skip

@@ -9,7 +9,9 @@ Speed, measured here: greedy decode tokens/s of the variant and of the reference
 ``speed_prompt`` text tokens, alternating in one run (median of ``repeats``), and ``profile_repeats``
 profiled decodes of each (alternating, median) giving the FFN block's op time per token (the ops
 ``blk.N.ffn*`` and ``blk.N.post_ffw*``: norm, FFN, post-norm, residual) and the attention ops' time per
-token (``blk.N.attn``), so the two compare side by side.
+token (``blk.N.attn``), so the two compare side by side. For N:M sparse weights, the variant is also timed
+against its dense twin (the same pruned values stored dense in the same format), decode tokens/s and the
+time of the ops that multiply N:M weights: the speed of the kernels that skip the pruned weights.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..models.registry import DEFAULT_MODEL
 from ..runtime.engine import Engine
 from ..runtime.sampling import SamplingParams
 from ..sparsity.apply import build_variant
+from ..sparsity.nm import dense_twin, nm_weight_count
 from .metrics import TokenMetrics, greedy_agreement
 from .text import DEFAULT_TEXT, eval_tokens, load_text, prompts_from_text
 
@@ -100,8 +103,8 @@ def _continuations(engine: Engine, prompts: list[str], n: int) -> list[list[int]
     return [engine.generate(p, n, greedy, stop_ids=()).output_ids for p in prompts]
 
 
-def _op_ms_per_token(engine: Engine, prompt: list[int], n: int) -> dict[str, float]:
-    """FFN block and attention op time (ms) per decode token in one profiled greedy decode."""
+def _decode_ops(engine: Engine, prompt: list[int], n: int):
+    """The decode rows of one profiled greedy decode, and its number of decode steps."""
     prof = Profiler()
     engine.observer = prof
     try:
@@ -113,6 +116,12 @@ def _op_ms_per_token(engine: Engine, prompt: list[int], n: int) -> dict[str, flo
     steps = dec["step"].nunique()
     if not steps:
         raise ValueError("the profiled decode ran no decode step (speed_tokens must be >= 2)")
+    return dec, steps
+
+
+def _op_ms_per_token(engine: Engine, prompt: list[int], n: int) -> dict[str, float]:
+    """FFN block and attention op time (ms) per decode token in one profiled greedy decode."""
+    dec, steps = _decode_ops(engine, prompt, n)
     return {k: 1e3 * float(dec[dec["op"].str.match(rx)]["host_s"].sum()) / steps
             for k, rx in (("ffn", FFN_OP), ("attn", ATTN_OP))}  # fmt: skip
 
@@ -154,6 +163,39 @@ def measure_speed(
     }
 
 
+def measure_nm_speed(
+    twin: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, progress: bool
+) -> dict[str, float]:
+    """The N:M kernels against the same pruned weights stored dense in the same value format (``twin``,
+    :func:`workbench.sparsity.nm.dense_twin`): decode tokens/s alternating (medians), and the time per
+    token of the ops that multiply N:M weights (profiled, alternating, medians)."""
+    n, greedy = cfg.speed_tokens, SamplingParams()
+    for e in (twin, var):
+        e.generate(prompt, 2, greedy, stop_ids=())
+    runs: dict[str, list[float]] = {"twin": [], "var": []}
+    for _ in tqdm(range(cfg.repeats), desc="N:M vs dense speed", unit="run", disable=not progress):
+        for key, e in (("twin", twin), ("var", var)):
+            runs[key].append(e.generate(prompt, n, greedy, stop_ids=()).decode_tok_s)
+    op_ms: dict[str, list[float]] = {"twin": [], "var": []}
+    for _ in range(cfg.profile_repeats):
+        dec, steps = _decode_ops(var, prompt, n)
+        names = set(dec[dec["weights"].str.contains("-nm")]["op"])
+        op_ms["var"].append(1e3 * float(dec[dec["op"].isin(names)]["host_s"].sum()) / steps)
+        dec, steps = _decode_ops(twin, prompt, n)
+        op_ms["twin"].append(1e3 * float(dec[dec["op"].isin(names)]["host_s"].sum()) / steps)
+    tok_s = {k: statistics.median(v) for k, v in runs.items()}
+    ms = {k: statistics.median(v) for k, v in op_ms.items()}
+    return {
+        "nm_decode_tok_s": tok_s["var"],
+        "nm_dense_twin_decode_tok_s": tok_s["twin"],
+        "nm_decode_ratio": tok_s["var"] / tok_s["twin"],
+        "nm_ops_ms_per_token": ms["var"],
+        "nm_dense_twin_ops_ms_per_token": ms["twin"],
+        "nm_ops_speedup": ms["twin"] / ms["var"] if ms["var"] else float("nan"),
+        "nm_ops": len(names),
+    }
+
+
 def _matmul_bytes(model: Model) -> int:
     return sum(
         t.nbytes for name, t in model.weights.items() if getattr(t, "rows", 0) > 1 and "norm" not in name
@@ -181,6 +223,12 @@ def evaluate(cfg: EvalConfig, model: Model | None = None, progress: bool = True)
         speed_ids = ids if cfg.speed_prompt <= len(ids) else eval_tokens(tok, text, cfg.speed_prompt)
         prompt = bos + speed_ids[: cfg.speed_prompt]
         speed = measure_speed(ref, var, prompt, cfg, progress) if cfg.speed_tokens > 1 else {}
+        if speed and nm_weight_count(variant):
+            twin = _engine(dense_twin(variant), cfg.backend, cfg)
+            try:
+                speed.update(measure_nm_speed(twin, var, prompt, cfg, progress))
+            finally:
+                twin.close()
         if cfg.ffn_layer_repeats:
             from .ffn_ops import ffn_layer_times
 

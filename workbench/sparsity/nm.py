@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..models.model import Model
 from ..models.weights import Weights
-from ..quant.planar import FormatError, PlanarFormat, make_planar
+from ..quant.nm_store import expand
+from ..quant.planar import FormatError, PlanarFormat, PlanarTensor, make_planar
 from ..quant.requant import source_name
+from ..quant.variant import VariantModel, make_variant
 from .spec import NMSparsity
 
 
@@ -46,3 +49,22 @@ def prune_weights(weights: Weights, spec: NMSparsity, n_layers: int) -> tuple[We
             )
             count += 1
     return Weights(tensors, weights.source), count
+
+
+def dense_twin(model: Model) -> VariantModel:
+    """``model`` with every compressed N:M weight stored dense in its value format (the same values, zeros
+    included): what the N:M kernels are measured against."""
+    tensors = dict(model.weights.items())
+    count = 0
+    for name, t in tensors.items():
+        if isinstance(t, PlanarTensor) and t.type.nm:
+            planes = {k: v for k, v in t.planes.items() if k != "idx"}
+            planes["q"] = expand(planes["q"], t.planes["idx"], *t.type.nm)
+            tensors[name] = PlanarTensor(name, t.type.values, t.shape, planes, t.source, t.norm_offset)
+            count += 1
+    return make_variant(model, Weights(tensors, model.weights.source), notes={"nm_dense_twin": count})
+
+
+def nm_weight_count(model: Model) -> int:
+    """How many weights of ``model`` are stored compressed N:M."""
+    return sum(1 for t in model.weights.values() if isinstance(t, PlanarTensor) and t.type.nm)
