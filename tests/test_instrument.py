@@ -85,10 +85,30 @@ def test_device_profiles_have_sources():
         get_profile("tpu")
 
 
-def test_host_profile_is_measured_and_cached():
+def test_host_profile_is_measured_and_cached(tmp_path, monkeypatch):
+    from workbench.instrument import devices
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(devices, "_load_per_core", lambda cores: 0.1)
     p = host_profile()
     assert p.how.startswith("measured") and p.mem_bw > 1e9 and p.peak("fp32") > 1e9
+    assert "busy" not in p.how
     assert host_profile().mem_bw == p.mem_bw  # cached
+
+
+def test_host_profile_taken_on_a_busy_machine_is_taken_again_when_quieter(tmp_path, monkeypatch):
+    from workbench.instrument import devices
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    load = {"now": 1.5}
+    monkeypatch.setattr(devices, "_load_per_core", lambda cores: load["now"])
+    busy = host_profile()
+    assert "busy" in busy.how
+    load["now"] = 1.4
+    assert host_profile().how == busy.how  # not clearly quieter: the cached one stays
+    load["now"] = 0.2
+    again = host_profile()
+    assert "busy" not in again.how and again.how != busy.how
 
 
 def test_key_counts():

@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--plot", default=None, help="write a roofline HTML (plotly) with measured bench points to PATH"
     )
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure this host's bandwidth and FLOP/s again (cached per machine otherwise)")  # fmt: skip
     add_json_arg(p)
     p.set_defaults(handler=run)
 
@@ -47,9 +49,12 @@ def resolve_model(spec: str, quant: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..instrument.devices import get_profile, host_profile
     from ..instrument.roofline import limits
     from . import emit_json
 
+    if args.remeasure:
+        host_profile(refresh=True)
     config, specs, precision = resolve_model(args.model, args.quant)
     lim = limits(
         config,
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         f"-> at most {lim.prefill_tok_s:,.0f} tok/s ({lim.prefill_bound_by} bound, {lim.compute_dtype} peak)"
     )
     print(f"  device: {lim.mem_bw / 1e9:.1f} GB/s, {lim.peak_flops / 1e12:.2f} TFLOP/s; {lim.how}")
+    print(f"  device profile: {get_profile(args.device).how}")
     if args.plot:
         print(f"  plot: {out['plot']}")
     return 0
