@@ -2,10 +2,12 @@
 kept values (fp32, fp16, bf16 or int8 per channel) and their 4-bit positions, and multiplies them with the
 activations at those positions, so the pruned weights cost neither memory traffic nor multiplications.
 
-2:4 has a vector kernel (:func:`make_dot_2_4`): for each pair of groups of four inputs, one code byte
-(the four kept positions, 2 bits each; repacked at load from the stored 4-bit positions) selects a
-``vpermilps`` control from a 256-entry table, two permutes put the kept activations of both groups in one
-4-lane vector, in the order of the stored values, and one FMA multiplies them with four stored values.
+2:4 has a vector kernel (:func:`make_dot_2_4`). A group of four inputs keeps one of 6 position pairs, so a
+pair of groups keeps one of 36 combinations: per activation row a table holds, for every pair of groups and
+every combination, the four activations it keeps (:func:`pair_table`, built once per matvec and shared by
+all rows). Each row stores one code byte per pair of groups (repacked at load from the stored 4-bit
+positions); the kernel loads the table entry the code selects and multiplies it with four stored values in
+one FMA: no gathers, no permutes.
 Other patterns, and rows whose groups do not pair up, run a scalar loop.
 Prefill (many rows) dequantizes rows into float32 tiles for BLAS like every planar format
 (:class:`~workbench.backends.numba_cpu.qformats.PlanarWeight`).
@@ -53,8 +55,9 @@ def _widen(typingctx, v):
 UNROLL = 4  # group pairs per loop iteration (their code bytes in one 32-bit load; one accumulator each)
 PREFETCH_AHEAD = 1024  # bytes of the value stream prefetched ahead
 VALUE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
-# the 2:4 position pairs, numbered: a group's kept activations are entry ``combo`` of its table row
+# the 2:4 position pairs of a group, numbered; a pair of groups keeping combos (a, b) has code a + 6 b
 COMBOS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
+PAIR_COMBOS = len(COMBOS) ** 2
 _COMBO_OF = {pair: c for c, pair in enumerate(COMBOS)}
 
 
@@ -74,7 +77,7 @@ def _four_values(b: ir.IRBuilder, vp: ir.Value, pair: ir.Value, kind: str) -> ir
 
 def make_dot_2_4(kind: str):
     """``dot(v_addr, code_addr, table_addr, n_pairs) -> float32``: one 2:4 row of ``kind`` values against
-    one activation row given as its combo table (:func:`combo_table`)."""
+    one activation row given as its pair table (:func:`pair_table`)."""
 
     @intrinsic
     def dot(typingctx, v, c, tab, n):
@@ -82,17 +85,14 @@ def make_dot_2_4(kind: str):
 
         def codegen(context, b, signature, args):
             v_a, c_a, t_a, n_pairs = args
-            f2, f4, i64 = vt(F32, 2), vt(F32, 4), (lambda k: ir.Constant(I64, k))
-            vp, cp, tp = _as_ptr(b, v_a, I8), _as_ptr(b, c_a, I8), _as_ptr(b, t_a, f2)
+            f4, i64 = vt(F32, 4), (lambda k: ir.Constant(I64, k))
+            vp, cp, tp = _as_ptr(b, v_a, I8), _as_ptr(b, c_a, I8), _as_ptr(b, t_a, f4)
             acc = [cgutils.alloca_once_value(b, ir.Constant(f4, [0.0] * 4)) for _ in range(UNROLL)]
 
             def pair(p: ir.Value, code: ir.Value, slot: int) -> None:
                 """acc += the four values of pair ``p`` times the kept activations of its two groups."""
-                code = b.zext(code, I64)
-                row = b.mul(p, i64(2 * len(COMBOS)))  # table entries of the pair's first group
-                lo = b.load(b.gep(tp, [b.add(row, b.and_(code, i64(15)))]), align=4)
-                hi = b.load(b.gep(tp, [b.add(b.add(row, i64(len(COMBOS))), b.lshr(code, i64(4)))]), align=4)
-                kept = b.shuffle_vector(lo, hi, ir.Constant(vt(I32, 4), [0, 1, 2, 3]))
+                entry = b.add(b.mul(p, i64(PAIR_COMBOS)), b.zext(code, I64))
+                kept = b.load(b.gep(tp, [entry]), align=16)
                 term = b.fmul(_four_values(b, vp, p, kind), kept, flags=FAST)
                 b.store(b.fadd(b.load(acc[slot]), term, flags=FAST), acc[slot])
 
@@ -118,17 +118,20 @@ def make_dot_2_4(kind: str):
 F32_V, F16_V, BF16_V, I8_V = 0, 1, 2, 3
 _KIND_CODE = {"fp32": F32_V, "fp16": F16_V, "bf16": BF16_V, "int8": I8_V}
 dot_f32, dot_f16, dot_bf16, dot_i8 = (make_dot_2_4(k) for k in _KIND_CODE)
-_COMBO_COLS = np.array(COMBOS, np.int64)
+# table column of each lane of each pair code: lanes 0, 1 from the first group, 2, 3 from the second
+_PAIR_COLS = np.array(
+    [[*COMBOS[c % 6], 4 + COMBOS[c // 6][0], 4 + COMBOS[c // 6][1]] for c in range(PAIR_COMBOS)], np.int64
+)
 
 
 @njit(cache=True)
-def combo_table(x, out):  # pragma: no cover - compiled
-    """out[t, g, c] = the activations of group g (inputs 4g .. 4g+3) at the positions of combo c."""
+def pair_table(x, out):  # pragma: no cover - compiled
+    """out[t, p, c] = the four activations of pair p (inputs 8p .. 8p+7) that pair code c keeps."""
     for t in range(x.shape[0]):
-        for g in range(out.shape[1]):
-            for c in range(_COMBO_COLS.shape[0]):
-                out[t, g, c, 0] = x[t, 4 * g + _COMBO_COLS[c, 0]]
-                out[t, g, c, 1] = x[t, 4 * g + _COMBO_COLS[c, 1]]
+        for p in range(out.shape[1]):
+            for c in range(PAIR_COMBOS):
+                for lane in range(4):
+                    out[t, p, c, lane] = x[t, 8 * p + _PAIR_COLS[c, lane]]
 
 
 @njit(cache=True)
@@ -145,7 +148,7 @@ def _dot_pairs(kind, v, c, tab, n_pairs):  # pragma: no cover - compiled
 @njit(parallel=True, cache=True)
 def matvec_2_4(kind, v, codes, scale, tab, out, rpt):  # pragma: no cover - compiled
     """out[t, r] = scale[r] * (row r . x[t]) for 2:4 rows of paired groups (``codes``: one byte a pair),
-    ``tab`` the activations' combo tables."""
+    ``tab`` the activations' pair tables."""
     rows, n_pairs = codes.shape
     for i in prange((rows + rpt - 1) // rpt):
         for r in range(i * rpt, min(rows, (i + 1) * rpt)):
@@ -157,12 +160,12 @@ def matvec_2_4(kind, v, codes, scale, tab, out, rpt):  # pragma: no cover - comp
 
 def pair_codes(idx: np.ndarray) -> np.ndarray:
     """2:4 positions (one byte a group: first kept low nibble, second high) as one byte a pair of groups:
-    the combo numbers (:data:`COMBOS`) of its first group (low nibble) and second group (high nibble)."""
+    ``a + 6 b`` for the combos (:data:`COMBOS`) ``a`` of its first group and ``b`` of its second."""
     lut = np.zeros(256, np.uint8)
     for (a, b), c in _COMBO_OF.items():
         lut[a | b << 4] = c
     combo = lut[idx]
-    return np.ascontiguousarray(combo[:, 0::2] | combo[:, 1::2] << np.uint8(4))
+    return np.ascontiguousarray(combo[:, 0::2] + combo[:, 1::2] * np.uint8(len(COMBOS)))
 
 
 @njit(cache=True, fastmath=True)
@@ -221,8 +224,8 @@ class NMWeight(PlanarWeight):
         """x (T, cols) @ W.T for a few rows T, reading only the kept values."""
         out = np.empty((x.shape[0], self.rows), np.float32)
         if self.codes is not None:
-            tab = np.empty((x.shape[0], self.cols // 4, len(COMBOS), 2), np.float32)
-            combo_table(x, tab)
+            tab = np.empty((x.shape[0], self.cols // 8, PAIR_COMBOS, 4), np.float32)
+            pair_table(x, tab)
             matvec_2_4(self.kind, self.values, self.codes, self.row_scale, tab, out, rpt)
         else:
             matvec_nm(self.values, self.idx, self.row_scale, x, self.n, self.m, out, rpt)
