@@ -32,17 +32,19 @@ from workbench.backends.npu.arch import get_array  # noqa: E402
 from workbench.backends.npu.channels import channel_violations  # noqa: E402
 from workbench.backends.npu.designs import INSTS, XCLBIN, artifacts, schedule_record  # noqa: E402
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules  # noqa: E402
+from workbench.backends.npu.schedule import MM_EXPAND  # noqa: E402
 from workbench.models.config import PRESETS, ModelConfig, preset  # noqa: E402
 from workbench.models.registry import load  # noqa: E402
 
 KERNEL_SOURCES = {  # object file stem -> source (in mlir-aie's aie_kernels/<arch>, or mlir/kernels: ours)
     "mm": "mm.cc",
+    "mm_i8": "mm_i8.cc",
     "mv": "mv.cc",
     "gemv": "gemv.cc",
     "rmsnorm": "rmsnorm.cc",
     "attention": "attention.cc",
 }
-OURS = ("gemv", "rmsnorm", "attention")
+OURS = ("mm_i8", "gemv", "rmsnorm", "attention")
 # Peano flags of mlir-aie's programming_examples/makefile-common (PEANOWRAP2_FLAGS)
 PEANO_FLAGS = ["-O2", "-std=c++20", "-DNDEBUG", "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined",
                "-Wno-empty-body"]  # fmt: skip
@@ -78,9 +80,14 @@ def kernel_source(obj: str, target: str, tools: dict) -> Path:
 
 def kernel_defines(obj: str, schedule, config: ModelConfig) -> list[str]:
     """Compile-time parameters of one kernel object, as mlir-aie's Makefiles pass them (``DIM_M`` ...,
-    ``<in>_<out>_ONLY``, ``B_COL_MAJ``) and as our kernels in ``mlir/kernels`` read them (tile sizes from
-    the schedule, constants such as the RMSNorm epsilon and the attention scale from the model ``config``)."""
+    ``<in>_<out>_ONLY``, ``B_COL_MAJ``) and as our kernels in ``mlir/kernels`` read them (tile sizes, the
+    int8 MAC tile and its expansion from the schedule, constants such as the RMSNorm epsilon and the
+    attention scale from the model ``config``)."""
     t, p = schedule.tile, schedule.problem
+    if obj.startswith("mm_i8_"):
+        em, en = MM_EXPAND[get_array(schedule.device).generation, "i8"]
+        return [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}", f"-DMMUL_R={t['r']}",
+                f"-DMMUL_S={t['s']}", f"-DMMUL_T={t['t']}", f"-DEXPAND_M={em}", f"-DEXPAND_N={en}"]  # fmt: skip
     if obj.startswith("mm_"):
         out = [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
                f"-D{schedule.dtype_in}_{schedule.dtype_out}_ONLY"]  # fmt: skip

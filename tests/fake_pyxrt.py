@@ -20,7 +20,7 @@ import numpy as np
 from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.designs import XCLBIN_MAGIC
 from workbench.backends.npu.emulator import kernels as emu
-from workbench.backends.npu.emulator.numerics import srs_shift, to_bf16
+from workbench.backends.npu.emulator.numerics import to_bf16
 from workbench.backends.npu.schedule import Schedule
 
 
@@ -39,18 +39,29 @@ class Design:
     scale: float
 
 
-def _column_tiles(buf: np.ndarray, n_pad: int, K: int, block: int, cols: int, k: int) -> np.ndarray:
+def _column_tiles(buf: np.ndarray, n_pad: int, K: int, block: int, cols: int, k: int, mac=None):
     """The weight (n_pad x K) from a pretiled buffer: column c streams its blocks g * cols + c, each as K / k
-    tiles of block x k."""
+    tiles of block x k. ``mac`` = (s, t): int8 GEMM tiles, each in mm_i8.cc's order (s x t blocks of the
+    MAC tile, row-major, k-blocks of an n-block in order) followed by the int32 SRS shift; returns the
+    weight and the shift then."""
     w = np.zeros((n_pad, K), buf.dtype)
-    pos = 0
+    shifts, pos = set(), 0
     for c in range(cols):
         for g in range(n_pad // (block * cols)):
             r0 = (g * cols + c) * block
             for k0 in range(0, K, k):
-                w[r0 : r0 + block, k0 : k0 + k] = buf[pos : pos + block * k].reshape(block, k)
+                tile = buf[pos : pos + block * k]
                 pos += block * k
+                if mac:
+                    s, t = mac
+                    tile = tile.reshape(block // t, k // s, s, t).transpose(0, 3, 1, 2)
+                    shifts.add(int(buf[pos : pos + 4].copy().view("<i4")[0]))
+                    pos += 4
+                w[r0 : r0 + block, k0 : k0 + k] = tile.reshape(block, k)
     assert pos == buf.size
+    if mac:
+        assert len(shifts) == 1, shifts  # one weight, one shift
+        return w, shifts.pop()
     return w
 
 
@@ -64,11 +75,12 @@ def run_design(d: Design, inputs: list[bytes], out_size: int) -> bytes:
         wbuf, xbuf = (inputs[0], inputs[1]) if s.op == "gemv" else (inputs[1], inputs[0])
         raw_w = np.frombuffer(wbuf, np.int8 if i8 else np.uint16)
         block = t["m"] * s.rows if s.op == "gemv" else t["n"]
-        w = _column_tiles(raw_w, t["N_pad"], K, block, s.columns, t["k"])
         x = np.frombuffer(xbuf, np.int8 if i8 else np.uint16).reshape(-1, K)
-        if i8:
-            out = emu.matmul_i8_acc(s, a, x, w, srs_shift(w))
+        if i8:  # the kernel shifts by what rides behind the B tiles
+            w, shift = _column_tiles(raw_w, t["N_pad"], K, block, s.columns, t["k"], (t["s"], t["t"]))
+            out = emu.matmul_i8_acc(s, a, x, w, shift)
         else:
+            w = _column_tiles(raw_w, t["N_pad"], K, block, s.columns, t["k"])
             out = emu.matmul_bf16(s, a, bits_to_f32(x), bits_to_f32(w))
     elif s.op == "rmsnorm":
         L = p["L"]

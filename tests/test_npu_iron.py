@@ -17,7 +17,7 @@ from npu_helpers import build_module, dma_walk
 from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.channels import DesignGraph, trace_design
 from workbench.backends.npu.iron import design_name, design_source, golden_schedules, model_schedules
-from workbench.backends.npu.schedule import gemv_schedule, plan_rowwise
+from workbench.backends.npu.schedule import MM_EXPAND, gemv_schedule, plan_rowwise
 from workbench.models.config import preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +83,7 @@ def test_our_kernels_define_what_the_designs_call(device, dtype):
             assert len(sigs[k.name]) == len(k.arg_types), (k.name, sigs[k.name], k.arg_types)
             checked.add(k.name)
     assert {"gemv_bf16_f32", "gemv_zero_f32", "rmsnorm_bf16", "attn_chunk_bf16"} <= checked
+    assert {"zero_i32", "matmul_i8_i32", "matmul_srs_i8_i16"} <= checked  # the int8 GEMMs (goldens too)
 
 
 @pytest.mark.parametrize("m,k", [(16, 8), (64, 640), (32, 2048)])
@@ -196,6 +197,15 @@ def test_build_commands_follow_mlir_aie_makefiles(device, dtype):
                 want = {f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
                         f"-D{s.dtype_in}_{s.dtype_out}_ONLY", "-DB_COL_MAJ"}  # fmt: skip
                 assert set(defines) == want
+            if (
+                src.name == "mm_i8.cc"
+            ):  # ours for int8: int32 partials over K, MAC tile and expansion as planned
+                t = s.tile
+                em, en = MM_EXPAND[get_array(device).generation, "i8"]
+                assert defines == [f"-DDIM_M={t['m']}", f"-DDIM_K={t['k']}", f"-DDIM_N={t['n']}",
+                                   f"-DMMUL_R={t['r']}", f"-DMMUL_S={t['s']}", f"-DMMUL_T={t['t']}",
+                                   f"-DEXPAND_M={em}", f"-DEXPAND_N={en}"]  # fmt: skip
+            assert (src.name == "mm_i8.cc") == (s.op == "gemm" and s.dtype_in == "i8")
             if src.name in ("mv.cc", "gemv.cc"):
                 assert set(defines) == {f"-DDIM_M={s.tile['m']}", f"-DDIM_K={s.tile['k']}"}
                 # mv.cc's bf16 combination is commented out: bf16 GEMVs build gemv.cc, i16 ones mv.cc

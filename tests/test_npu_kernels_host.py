@@ -18,9 +18,15 @@ from npu_helpers import build_module, dma_walk
 from workbench.backends.npu import hostside
 from workbench.backends.npu.arch import get_array
 from workbench.backends.npu.emulator import kernels as emu
-from workbench.backends.npu.emulator.numerics import to_bf16
+from workbench.backends.npu.emulator.numerics import srs_shift, to_bf16
 from workbench.backends.npu.hostside import bf16_bits, from_bf16_bits
-from workbench.backends.npu.schedule import attention_schedule, gemv_schedule, rowwise_schedule
+from workbench.backends.npu.schedule import (
+    SHIFT_BYTES,
+    attention_schedule,
+    gemm_schedule,
+    gemv_schedule,
+    rowwise_schedule,
+)
 from workbench.models.config import preset
 
 STAND_IN = Path(__file__).resolve().parent / "npu_host_aie"
@@ -36,7 +42,7 @@ def _compile(tmp_path: Path, schedule, obj: str, n_args: dict[str, int]) -> ctyp
     """Kernel object ``obj`` of ``schedule`` built on the host with build.py's defines; ``n_args``: the
     pointer arguments of each function to call."""
     build = build_module()
-    src = build.kernel_source(obj, "aie2", {})
+    src = build.kernel_source(obj, "aie2p" if schedule.device == "npu2" else "aie2", {})
     lib = tmp_path / (Path(obj).stem + ".so")
     cmd = [CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-I", str(STAND_IN),
            *build.kernel_defines(obj, schedule, CFG), str(src), "-o", str(lib)]  # fmt: skip
@@ -155,3 +161,82 @@ def test_attention_kernel_masks_prefill_tiles_like_the_emulator(tmp_path, window
     every_key = attention_schedule(A, T, S, nh, nkv, d, 2, 4, 2)  # no window, and all keys at position 0:
     unmasked = emu.attention(every_key, A, q, keys, values, q_pos, np.zeros(S, int), CFG.attn_scale)
     assert np.abs(got - unmasked).max() > 1e-2  # the mask matters for this data
+
+
+def _gemm_i8_on_kernel(s, dll, xq: np.ndarray, wq: np.ndarray, shift: int) -> np.ndarray:
+    """The int8 GEMM design's data path around the compiled kernel: ``A`` packed (hostside.pack_gemm_rows)
+    and cut into m x k tiles that pass the A_L2L1 pattern; ``B`` packed (hostside.pack_gemm_weight: column
+    c's tiles in order, the shift behind each); core (c, r) takes row bands r, r + rows, ... and column c's
+    n-blocks, per output tile zero_i32, K / k - 1 accumulating calls and the last one with the SRS, its C
+    tile through the C_L2L3 pattern into ``C`` (M_pad x N_pad), unpacked as the XRT path does."""
+    t, K = s.tile, s.problem["K"]
+    m, k, n, steps = t["m"], t["k"], t["n"], K // t["k"]
+    dims = {f.name: f.dims for f in s.fifos}
+    a_buf = hostside.pack_gemm_rows(s, xq).reshape(t["M_pad"], K)
+    b_buf = hostside.pack_gemm_weight(s, wq, shift).reshape(s.columns, -1, steps, k * n + SHIFT_BYTES)
+    out = np.zeros((t["M_pad"], t["N_pad"]), np.int16)
+    acc = np.zeros(m * n, np.int32)
+    for c in range(s.columns):
+        for r in range(s.rows):
+            for band in range(r, t["M_pad"] // m, s.rows):
+                for g in range(b_buf.shape[1]):
+                    dll.zero_i32(_ptr(acc))
+                    tile = np.zeros(m * n, np.int16)
+                    for step in range(steps):
+                        a = a_buf[band * m : (band + 1) * m, step * k : (step + 1) * k]
+                        a_l1 = np.ascontiguousarray(dma_walk(a, dims["A_L2L1"]))
+                        b_l1 = np.ascontiguousarray(b_buf[c, g, step])
+                        if step < steps - 1:
+                            dll.matmul_i8_i32(_ptr(a_l1), _ptr(b_l1), _ptr(acc))
+                        else:
+                            dll.matmul_srs_i8_i16(_ptr(a_l1), _ptr(b_l1), _ptr(acc), _ptr(tile))
+                    rows, cols = slice(band * m, (band + 1) * m), slice((g * s.columns + c) * n, None)
+                    out[rows, cols][:, :n] = dma_walk(tile, dims["C_L2L3"]).reshape(m, n)
+    return hostside.unpack_matmul(s, out.reshape(-1), xq.shape[0])
+
+
+@pytest.mark.parametrize(
+    "device,steps,case",
+    [("npu1", 3, "partials beyond int16"), ("npu1", 3, "saturating, ties"), ("npu2", 1, "one k-step"),
+     ("npu2", 2, "saturating, no shift")],
+)  # fmt: skip
+def test_int8_gemm_kernel_is_bit_exact_with_the_emulator(tmp_path, device, steps, case):
+    """mlir/kernels/mm_i8.cc on the buffers the host packs gives the emulator's int8 GEMM bit for bit: int32
+    partial sums over all of K (here partial sums after a k-step that int16 could not hold), one
+    shift-round-saturate by the weight's shift with ties rounded to even and results saturated to int16."""
+    a = get_array(device)
+    M, N, k = 40, 100, 64
+    s = gemm_schedule(a, M, steps * k, N, "i8", 16, k, 32, 2, 2, pretiled_b=True)
+    dll = _compile(tmp_path, s, s.kernels[2], {"zero_i32": 1, "matmul_i8_i32": 3, "matmul_srs_i8_i16": 4})
+    xq = RNG.integers(-127, 128, (M, steps * k)).astype(np.int8)
+    wq = RNG.integers(-127, 128, (N, steps * k)).astype(np.int8)
+    if case == "partials beyond int16":  # the first k-step's products all +127^2, the second's cancel them
+        xq[:, : 2 * k], wq[:, :k], wq[:, k : 2 * k] = 127, 127, -127
+    shift = {"saturating, ties": 1, "saturating, no shift": 0}.get(case, srs_shift(wq))
+    got = _gemm_i8_on_kernel(s, dll, xq, wq, shift)
+    want = emu.matmul_i8_acc(s, a, xq, wq, shift)
+    assert got.dtype == want.dtype == np.int16 and np.array_equal(got, want)
+    exact = xq.astype(np.int64) @ wq.T.astype(np.int64)
+    if case == "partials beyond int16":
+        first = xq[:, :k].astype(np.int64) @ wq[:, :k].T.astype(np.int64)
+        assert np.abs(first).min() > 2**15 and np.abs(want).max() < 2**15 - 1
+    if case.startswith("saturating"):
+        assert (want == 2**15 - 1).any() and (want == -(2**15)).any()
+    if case == "saturating, ties":
+        ties = exact % 2 == 1
+        assert ties.any() and not np.array_equal(want[ties], np.clip(exact[ties] >> 1, -(2**15), 2**15 - 1))
+
+
+def test_int8_gemm_weight_packing_needs_the_shift():
+    """The int8 kernel reads its SRS shift from behind each B tile, so packing an int8 weight without one
+    (or with one it cannot apply) is refused, and so is a shift for a bf16 weight."""
+    s = gemm_schedule(A, 16, 128, 64, "i8", 16, 64, 32, 2, 1, pretiled_b=True)
+    wq = RNG.integers(-127, 128, (64, 128)).astype(np.int8)
+    for bad in (None, -1, 32):
+        with pytest.raises(ValueError, match="SRS shift"):
+            hostside.pack_gemm_weight(s, wq, bad)
+    packed = hostside.pack_gemm_weight(s, wq, 9).reshape(-1, 64 * 32 + SHIFT_BYTES)
+    assert packed.shape[0] == 2 * 2 and (packed[:, -SHIFT_BYTES:].copy().view("<i4") == 9).all()
+    bf16 = gemm_schedule(A, 16, 128, 64, "bf16", 16, 64, 32, 2, 1, pretiled_b=True)
+    with pytest.raises(ValueError, match="only int8"):
+        hostside.pack_gemm_weight(bf16, bf16_bits(wq.astype(np.float32)), 9)

@@ -10,6 +10,7 @@ from workbench.backends.npu.cost import estimate
 from workbench.backends.npu.iron import model_schedules
 from workbench.backends.npu.schedule import (
     MM_EXPAND,
+    SHIFT_BYTES,
     ScheduleError,
     attention_schedule,
     gemm_schedule,
@@ -132,31 +133,56 @@ def test_cost_model_scales_sensibly():
 @pytest.mark.parametrize("device", ["npu1", "npu2"])
 @pytest.mark.parametrize("shape", [(1, 640, 1024), (16, 640, 2048), (7, 2048, 640), (64, 5376, 21504)])
 @pytest.mark.parametrize("dtype", ["bf16", "i8"])
-def test_gemm_tiles_fit_mm_cc_expansion(device, shape, dtype):
-    """mm.cc's static_asserts: m % (em * r) and n % (en * t) with the expansion of the kernel for that
-    architecture and dtype; recent aie2 (npu1) int8 and bf16 kernels need m % 16."""
+def test_gemm_tiles_fit_kernel_expansion(device, shape, dtype):
+    """The kernels' static_asserts: m % (em * r) and n % (en * t) with the expansion of the kernel for that
+    architecture and dtype (mm.cc for bf16, our mm_i8.cc for int8, expanding as mm.cc's int8 kernels do);
+    recent aie2 (npu1) int8 and bf16 kernels need m % 16."""
     a = get_array(device)
     g = plan_gemm(a, *shape, dtype)
     r, s_, t = a.mac_tile(dtype)
     em, en = MM_EXPAND[a.generation, dtype]
     assert g.tile["m"] % (em * r) == 0 and g.tile["k"] % s_ == 0 and g.tile["n"] % (en * t) == 0
-    assert g.kernels[0] == f"matmul_{dtype}_{g.dtype_out}"  # mm.cc's symbol; B's layout is a -D define
+    if dtype == "bf16":
+        assert g.kernels[0] == f"matmul_{dtype}_{g.dtype_out}"  # mm.cc's symbol; B's layout is a -D define
+    else:
+        assert g.kernels == (
+            "matmul_i8_i32",
+            "zero_i32",
+            "mm_i8_{m}x{k}x{n}.o".format(**g.tile),
+            "matmul_srs_i8_i16",
+        )
+
+
+def test_int8_gemm_keeps_int32_partials_and_the_shift_in_b():
+    """mm_i8.cc: the int32 partial sums of a core's m x n tile live in a buffer of the core's own (counted
+    in its memory), B tiles arrive pretiled with the weight's int32 SRS shift behind them (no memory-tile
+    transform), and int8 B must be pretiled."""
+    a = get_array("npu1")
+    g = gemm_schedule(a, 16, 640, 1024, "i8", 16, 128, 32, 4, 1, pretiled_b=True)
+    fifo = {f.name: f for f in g.fifos}
+    assert g.scratch_bytes == 16 * 32 * 4
+    assert fifo["B_L2L1"].shape == (128 * 32 + SHIFT_BYTES,) and fifo["B_L2L1"].dims == ()
+    b = next(t for t in g.transfers if t.tensor == "B")
+    assert b.run_bytes == 128 * 32 + SHIFT_BYTES and b.nbytes == 1024 // 32 * 640 // 128 * (128 * 32 + 4)
+    with pytest.raises(ScheduleError, match="int8 B must be pretiled"):
+        gemm_schedule(a, 16, 640, 1024, "i8", 16, 128, 32, 4, 1)
 
 
 def test_int8_gemm_tiles_on_npu1_are_multiples_of_16_rows():
     """aie2 mm.cc's int8 kernels expand the 4x8x8 MAC tile 4 times in m (matmul_vectorized_4x2_mmul:
-    static_assert(m % (4 * r) == 0)): an 8-row int8 tile does not compile, so even decode pads to 16."""
+    static_assert(m % (4 * r) == 0)), and so does our mm_i8.cc (schedule.MM_EXPAND): even decode pads to
+    16 rows."""
     a = get_array("npu1")
     assert mm_multiples(a, "i8") == (16, 16) and mm_multiples(a, "i16") == (8, 8)
     assert plan_gemm(a, 1, 640, 1024, "i8").tile["m"] == 16
     with pytest.raises(ScheduleError, match=r"m % 16, k % 8 and n % 16 must be 0"):
-        gemm_schedule(a, 8, 640, 1024, "i8", 8, 64, 32, 1, 1)
+        gemm_schedule(a, 8, 640, 1024, "i8", 8, 64, 32, 1, 1, pretiled_b=True)
     assert gemm_schedule(a, 8, 640, 1024, "i16", 8, 64, 32, 1, 1).tile["m"] == 8  # i16 stays 2 x 2
 
 
 def test_gemm_rejects_tiles_mm_cc_cannot_run():
     a = get_array("npu1")
-    with pytest.raises(ScheduleError, match=r"mm\.cc expands the bf16 MAC tile 4x8x4 4 x 4 times"):
+    with pytest.raises(ScheduleError, match=r"npu1 kernel expands the bf16 MAC tile 4x8x4 4 x 4 times"):
         gemm_schedule(a, 16, 640, 2048, "bf16", 8, 128, 16, 4, 4)
     assert plan_gemm(a, 16, 640, 2048).tile["M_pad"] == 16  # fewer core rows rather than padded rows
 

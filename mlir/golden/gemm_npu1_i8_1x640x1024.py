@@ -3,12 +3,12 @@
 # Schedule: gemm npu1 i8->i16 [M=1,K=640,N=1024] tile[m=16,k=128,n=32,r=4,s=8,t=8,M_pad=16,N_pad=1024] 4x1 cores
 import numpy as np
 from aie.helpers.taplib import TensorTiler2D
-from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+from aie.iron import Buffer, Kernel, ObjectFifo, Program, Runtime, Worker
 from aie.iron.controlflow import range_
 from aie.iron.device import NPU1Col4, Tile
 from aie.iron.placers import SequentialPlacer
 
-SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "i8", "dtype_out": "i16", "fifos": [["A_L3L2", [16, 128], "i8", 2], ["A_L2L1", [16, 128], "i8", 2], ["B_L3L2", [128, 32], "i8", 2], ["B_L2L1", [128, 32], "i8", 2], ["C_L1L2", [16, 32], "i16", 2], ["C_L2L3", [16, 32], "i16", 2]], "kernels": ["matmul_i8_i16", "zero_i16", "mm_16x128x32.o"], "op": "gemm", "problem": {"K": 640, "M": 1, "N": 1024}, "rows": 1, "tile": {"M_pad": 16, "N_pad": 1024, "k": 128, "m": 16, "n": 32, "r": 4, "s": 8, "t": 8}}
+SCHEDULE = {"columns": 4, "device": "npu1", "dtype_in": "i8", "dtype_out": "i16", "fifos": [["A_L3L2", [16, 128], "i8", 2], ["A_L2L1", [16, 128], "i8", 2], ["B_L3L2", [4100], "i8", 2], ["B_L2L1", [4100], "i8", 2], ["C_L1L2", [16, 32], "i16", 2], ["C_L2L3", [16, 32], "i16", 2]], "kernels": ["matmul_i8_i32", "zero_i32", "mm_i8_16x128x32.o", "matmul_srs_i8_i16"], "op": "gemm", "problem": {"K": 640, "M": 1, "N": 1024}, "rows": 1, "tile": {"M_pad": 16, "N_pad": 1024, "k": 128, "m": 16, "n": 32, "r": 4, "s": 8, "t": 8}}
 
 def design():
     M, K, N = 16, 640, 1024
@@ -16,17 +16,19 @@ def design():
     n_cols, n_rows = 4, 1
     depth = 2
     a_dims = [(4, 512), (16, 8), (4, 128), (8, 1)]
-    b_dims = [(4, 1024), (16, 8), (8, 128), (8, 1)]
+    b_dims = None
     c_dims = [(4, 128), (4, 8), (4, 32), (8, 1)]
     t_in, t_out = np.int8, np.int16
     tiles_per_core = (M // m) * (N // n) // (n_cols * n_rows)
 
     a_ty = np.ndarray[(m, k), np.dtype[t_in]]
-    b_ty = np.ndarray[(k, n), np.dtype[t_in]]
+    b_ty = np.ndarray[(k * n + 4,), np.dtype[t_in]]  # k x n in mm_i8.cc's order, then the int32 shift
     c_ty = np.ndarray[(m, n), np.dtype[t_out]]
     c_col_ty = np.ndarray[(m * n_rows * n,), np.dtype[t_out]]
-    zero = Kernel("zero_i16", "mm_16x128x32.o", [c_ty])
-    matmul = Kernel("matmul_i8_i16", "mm_16x128x32.o", [a_ty, b_ty, c_ty])
+    acc_ty = np.ndarray[(m * n,), np.dtype[np.int32]]
+    zero = Kernel("zero_i32", "mm_i8_16x128x32.o", [acc_ty])
+    matmul = Kernel("matmul_i8_i32", "mm_i8_16x128x32.o", [a_ty, b_ty, acc_ty])
+    matmul_srs = Kernel("matmul_srs_i8_i16", "mm_i8_16x128x32.o", [a_ty, b_ty, acc_ty, c_ty])
 
     # A: one stream per core row (shim and memory tile of column r), broadcast along the row; B: one stream
     # per column, broadcast down it; C: the column's tiles joined in its memory tile (DMA channel limits)
@@ -53,31 +55,34 @@ def design():
             )
         )
 
-    def core_fn(of_a, of_b, of_c, zero, matmul):
+    def core_fn(of_a, of_b, of_c, acc, zero, matmul, matmul_srs):
         for _ in range_(tiles_per_core) if tiles_per_core > 1 else range(1):
-            acc = of_c.acquire(1)
             zero(acc)
-            for _ in range_(K // k) if K // k > 1 else range(1):
+            for _ in range_(K // k - 1) if K // k > 2 else range(K // k - 1):
                 a, b = of_a.acquire(1), of_b.acquire(1)
                 matmul(a, b, acc)
                 of_a.release(1)
                 of_b.release(1)
+            c, a, b = of_c.acquire(1), of_a.acquire(1), of_b.acquire(1)
+            matmul_srs(a, b, acc, c)  # the last k-step, then acc shift-round-saturated into C
+            of_a.release(1)
+            of_b.release(1)
             of_c.release(1)
 
     workers = [
-        Worker(core_fn, [a_l1[r].cons(), b_l1[c].cons(), c_l1[c][r].prod(), zero, matmul], placement=Tile(c, 2 + r))
+        Worker(core_fn, [a_l1[r].cons(), b_l1[c].cons(), c_l1[c][r].prod(), Buffer(acc_ty, name=f"acc_{c}_{r}"), zero, matmul, matmul_srs], placement=Tile(c, 2 + r))
         for r in range(n_rows)
         for c in range(n_cols)
     ]
     a_taps = TensorTiler2D.group_tiler((M, K), (m, k), (1, K // k), pattern_repeat=N // n // n_cols)
     if True:  # B repacked at load time: column c's n-blocks c, c + n_cols, ... in
         # the order it multiplies them (k-tiles of n x k), one contiguous slice, streamed once per row band of A
-        b_taps = TensorTiler2D.simple_tiler((n_cols, N * K // n_cols), (1, N * K // n_cols), pattern_repeat=M // m // n_rows)
+        b_taps = TensorTiler2D.simple_tiler((n_cols, N // n * (K // k) * (k * n + 4) // n_cols), (1, N // n * (K // k) * (k * n + 4) // n_cols), pattern_repeat=M // m // n_rows)
     else:
         b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
     c_taps = TensorTiler2D.simple_tiler((M, N), (m * n_rows, n))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(M * K,), np.dtype[t_in]], np.ndarray[(N * K,), np.dtype[t_in]],
+    with rt.sequence(np.ndarray[(M * K,), np.dtype[t_in]], np.ndarray[(N // n * (K // k) * (k * n + 4),), np.dtype[t_in]],
                      np.ndarray[(M * N,), np.dtype[t_out]]) as (A, B, C):
         rt.start(*workers)
         for r in range(n_rows):

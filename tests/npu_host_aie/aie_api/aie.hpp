@@ -2,7 +2,10 @@
 // can compile those kernels with the host C++ compiler and run them (tests/test_npu_kernels_host.py).
 // Scalar loops with the documented semantics: bf16 rounding to nearest even (the kernels select
 // rounding_mode::conv_even), accfloat lanes are fp32, element-wise mul/mac per lane, reduce_add as a
-// halving tree (the emulator models it the same way; the hardware's order is not documented). This checks
+// halving tree (the emulator models it the same way; the hardware's order is not documented); aie::mmul
+// with acc32 lanes (32-bit, wrapping) whose to_vector<T>(shift) shift-round-saturates with the tile's
+// rounding and saturation modes as set_rounding / set_saturation leave them (defaults floor and none, as
+// UG1603 "Rounding and Saturation Modes" documents; floor and conv_even modeled). This checks
 // the kernels' indexing, loops and masking against the emulator; it says nothing about the real API's
 // code generation, timing or exotic rounding.
 #pragma once
@@ -34,11 +37,37 @@ struct bfloat16 {
 };
 
 struct accfloat {};
+struct acc32 {};
 
 namespace aie {
 
 enum class rounding_mode { floor, conv_even };
-inline void set_rounding(rounding_mode) {}
+enum class saturation_mode { none, saturate, symmetric };
+namespace detail {
+inline rounding_mode rounding = rounding_mode::floor;
+inline saturation_mode saturation = saturation_mode::none;
+
+// x / 2**shift rounded as the rounding mode says, then saturated (or truncated) to a signed `bits` integer
+inline int64_t srs(int64_t x, int shift, int bits) {
+  if (shift > 0) {
+    const int64_t floor = x >> shift, rem = x - (floor << shift), half = int64_t(1) << (shift - 1);
+    const bool up = rounding == rounding_mode::conv_even && (rem > half || (rem == half && (floor & 1)));
+    x = floor + up;
+  }
+  const int64_t hi = (int64_t(1) << (bits - 1)) - 1;
+  if (saturation == saturation_mode::none) { // keep the low `bits` bits, sign-extended
+    const uint64_t mask = (uint64_t(1) << bits) - 1, u = static_cast<uint64_t>(x) & mask;
+    return u > static_cast<uint64_t>(hi) ? static_cast<int64_t>(u) - (int64_t(1) << bits) : int64_t(u);
+  }
+  const int64_t lo = saturation == saturation_mode::symmetric ? -hi : -hi - 1;
+  return x < lo ? lo : x > hi ? hi : x;
+}
+} // namespace detail
+
+// bf16 conversions here always round to nearest even (the bf16 kernels select conv_even); the mode set
+// here drives the integer shift-round-saturate of mmul::to_vector
+inline void set_rounding(rounding_mode m) { detail::rounding = m; }
+inline void set_saturation(saturation_mode m) { detail::saturation = m; }
 
 template <typename T, unsigned N> struct vector {
   T v[N];
@@ -149,5 +178,33 @@ template <unsigned N> float reduce_add(vector<float, N> x) {
 }
 
 inline float invsqrt(float x) { return 1.0f / std::sqrt(x); }
+
+// A x B on the matrix unit: A r x s, B s x t, C r x t, each row-major; acc32 lanes (32-bit, wrapping)
+template <unsigned R, unsigned S, unsigned T, typename TA, typename TB, typename Acc = acc32> struct mmul {
+  static_assert(std::is_same_v<Acc, acc32>, "the stand-in's mmul has acc32 accumulators only");
+  static constexpr unsigned size_A = R * S, size_B = S * T, size_C = R * T;
+  int32_t c[size_C] = {};
+
+  mmul() = default;
+  template <typename V> explicit mmul(const vector<V, size_C> &v, int shift = 0) {
+    for (unsigned i = 0; i < size_C; i++)
+      c[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<int64_t>(v[i]) << shift));
+  }
+  void mac(const vector<TA, size_A> &a, const vector<TB, size_B> &b) {
+    for (unsigned i = 0; i < R; i++)
+      for (unsigned j = 0; j < T; j++) {
+        int64_t sum = c[i * T + j];
+        for (unsigned k = 0; k < S; k++)
+          sum += static_cast<int64_t>(a[i * S + k]) * static_cast<int64_t>(b[k * T + j]);
+        c[i * T + j] = static_cast<int32_t>(static_cast<uint32_t>(sum));
+      }
+  }
+  template <typename T_out> vector<T_out, size_C> to_vector(int shift = 0) const {
+    vector<T_out, size_C> out;
+    for (unsigned i = 0; i < size_C; i++)
+      out[i] = static_cast<T_out>(detail::srs(c[i], shift, 8 * sizeof(T_out)));
+    return out;
+  }
+};
 
 } // namespace aie

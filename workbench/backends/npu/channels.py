@@ -2,7 +2,7 @@
 
 :func:`trace_design` runs a design's ``design()`` against a recording stand-in for the part of mlir-aie's
 IRON API the designs use (``aie.iron``: object FIFOs with ``forward`` / ``split`` / ``join``, kernels,
-workers whose core body is traced once as IRON traces it, runtime fills and drains with their shim
+core-local buffers, workers whose core body is traced once as IRON traces it, runtime fills and drains with their shim
 placements and access patterns) and returns what it recorded (:class:`DesignGraph`; the IRON design tests
 read it too), and :func:`channel_usage` counts, per tile, the DMA
 channels the object FIFOs lower to: a FIFO's producer tile spends one output (MM2S) channel on it, each
@@ -126,6 +126,10 @@ def _stand_in(graph: DesignGraph) -> dict[str, ModuleType | SimpleNamespace]:
             if len(args) != len(self.traced.arg_types):
                 raise ChannelError(f"{self.traced.name}: {len(args)} args for {len(self.traced.arg_types)}")
 
+    class Buffer:  # a core's own memory (no DMA): placed on the worker's tile that takes it
+        def __init__(self, type=None, initial_value=None, name=None, **kw):
+            self.name = name
+
     class Worker:
         def __init__(self, fn, fn_args, placement=None, **kw):
             tile = placed(placement, "a worker")
@@ -176,6 +180,7 @@ def _stand_in(graph: DesignGraph) -> dict[str, ModuleType | SimpleNamespace]:
     return {
         "aie": ModuleType("aie"),
         "aie.iron": SimpleNamespace(
+            Buffer=Buffer,
             Kernel=Kernel,
             ObjectFifo=ObjectFifo,
             Program=Program,

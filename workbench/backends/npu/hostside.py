@@ -11,7 +11,8 @@ Layouts (``M``/``N`` padded as the schedule pads them; padding is zeros unless s
 
 - GEMM: ``A`` the activations, ``M_pad x K`` row-major; ``B`` the weight (``N x K``) pretiled: column ``c``
   of the array takes the contiguous slice of its ``n``-row blocks ``g * columns + c``, each as its ``K / k``
-  tiles of ``n x k`` row-major (:func:`pack_gemm_weight`); ``C`` ``M_pad x N_pad`` row-major.
+  tiles of ``n x k`` row-major (int8: in ``mm_i8.cc``'s MAC-tile order, each followed by the weight's int32
+  SRS shift; :func:`pack_gemm_weight`); ``C`` ``M_pad x N_pad`` row-major.
 - GEMV: ``W`` pretiled the same way with blocks of ``m * rows`` rows (:func:`pack_gemv_weight`); ``X`` the
   ``K`` values; ``Y`` ``N_pad`` fp32.
 - RMSNorm: ``X`` and ``Y`` the rows padded to ``columns * calls * rows * rows_per_call``; ``W`` the weight.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from .emulator.numerics import F32, to_bf16
-from .schedule import Schedule
+from .schedule import SHIFT_BYTES, Schedule
 
 INT32_MAX = 2**31 - 1
 
@@ -59,9 +60,22 @@ def _column_tiles(w: np.ndarray, n_pad: int, block: int, columns: int, k: int) -
     return np.ascontiguousarray(tiles.transpose(1, 0, 3, 2, 4)).reshape(-1)
 
 
-def pack_gemm_weight(s: Schedule, w: np.ndarray) -> np.ndarray:
-    """A GEMM's ``B`` buffer from the weight ``w`` (N x K, in the device dtype)."""
-    return _column_tiles(w, s.tile["N_pad"], s.tile["n"], s.columns, s.tile["k"])
+def pack_gemm_weight(s: Schedule, w: np.ndarray, shift: int | None = None) -> np.ndarray:
+    """A GEMM's ``B`` buffer from the weight ``w`` (N x K, in the device dtype). int8 (``shift``: the
+    weight's SRS shift, required): each n x k tile in ``mlir/kernels/mm_i8.cc``'s order (blocks of the MAC
+    tile's s x t, row-major, k-blocks of an n-block in order) followed by ``shift`` as int32."""
+    t = s.tile
+    tiles = _column_tiles(w, t["N_pad"], t["n"], s.columns, t["k"])
+    if s.dtype_in != "i8":
+        if shift is not None:
+            raise ValueError(f"only int8 GEMMs take an SRS shift, not {s.dtype_in}")
+        return tiles
+    if shift is None or not 0 <= shift < 32:
+        raise ValueError(f"an int8 GEMM's B needs the weight's SRS shift (0..31), got {shift}")
+    n, k, st, tt = t["n"], t["k"], t["s"], t["t"]
+    blocks = tiles.reshape(-1, n // tt, tt, k // st, st).transpose(0, 1, 3, 4, 2).reshape(-1, n * k)
+    tail = np.broadcast_to(np.array([shift], "<i4").view(np.int8), (blocks.shape[0], SHIFT_BYTES))
+    return np.ascontiguousarray(np.concatenate([blocks.astype(np.int8), tail], axis=1)).reshape(-1)
 
 
 def pack_gemv_weight(s: Schedule, w: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ import json
 import textwrap
 from collections.abc import Iterable
 
-from .schedule import Schedule
+from .schedule import SHIFT_BYTES, Schedule
 
 NP_DTYPE = {"bf16": "bfloat16", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32", "f32": "np.float32"}
 DEVICE_CLASS = {"npu1": "NPU1Col4", "hawkpoint": "NPU1Col4", "npu2": "NPU2"}
@@ -26,7 +26,7 @@ HEADER = """\
 # Schedule: {summary}
 import numpy as np
 from aie.helpers.taplib import TensorTiler2D
-from aie.iron import Kernel, ObjectFifo, Program, Runtime, Worker
+from aie.iron import {iron_names}
 from aie.iron.controlflow import range_
 from aie.iron.device import {device_class}, Tile
 from aie.iron.placers import SequentialPlacer
@@ -41,27 +41,74 @@ if __name__ == "__main__":
 """
 
 
+_GEMM_MM = dict(
+    b_ty="np.ndarray[(k, n), np.dtype[t_in]]",
+    b_len="N * K",
+    kernels="""zero = Kernel("{zero}", "{obj}", [c_ty])
+    matmul = Kernel("{matmul}", "{obj}", [a_ty, b_ty, c_ty])""",
+    core="""def core_fn(of_a, of_b, of_c, zero, matmul):
+        for _ in range_(tiles_per_core) if tiles_per_core > 1 else range(1):
+            acc = of_c.acquire(1)
+            zero(acc)
+            for _ in range_(K // k) if K // k > 1 else range(1):
+                a, b = of_a.acquire(1), of_b.acquire(1)
+                matmul(a, b, acc)
+                of_a.release(1)
+                of_b.release(1)
+            of_c.release(1)""",
+    core_args="zero, matmul",
+)
+# int8: mlir/kernels/mm_i8.cc keeps int32 partial sums in a buffer of the core's own across the k-steps and
+# shift-round-saturates once at the last, by the shift that rides behind each B tile
+_GEMM_I8 = dict(
+    b_ty="np.ndarray[(k * n + {shift_bytes},), np.dtype[t_in]]  # k x n in mm_i8.cc's order, then the int32 shift",
+    b_len="N // n * (K // k) * (k * n + {shift_bytes})",
+    kernels="""acc_ty = np.ndarray[(m * n,), np.dtype[np.int32]]
+    zero = Kernel("{zero}", "{obj}", [acc_ty])
+    matmul = Kernel("{matmul}", "{obj}", [a_ty, b_ty, acc_ty])
+    matmul_srs = Kernel("{srs}", "{obj}", [a_ty, b_ty, acc_ty, c_ty])""",
+    core="""def core_fn(of_a, of_b, of_c, acc, zero, matmul, matmul_srs):
+        for _ in range_(tiles_per_core) if tiles_per_core > 1 else range(1):
+            zero(acc)
+            for _ in range_(K // k - 1) if K // k > 2 else range(K // k - 1):
+                a, b = of_a.acquire(1), of_b.acquire(1)
+                matmul(a, b, acc)
+                of_a.release(1)
+                of_b.release(1)
+            c, a, b = of_c.acquire(1), of_a.acquire(1), of_b.acquire(1)
+            matmul_srs(a, b, acc, c)  # the last k-step, then acc shift-round-saturated into C
+            of_a.release(1)
+            of_b.release(1)
+            of_c.release(1)""",
+    core_args='Buffer(acc_ty, name=f"acc_{{c}}_{{r}}"), zero, matmul, matmul_srs',
+)
+
+
 def _gemm(s: Schedule) -> str:
     t = s.tile
     fifo = {f.name: f for f in s.fifos}
-    return f'''
+    names = dict(zip(("matmul", "zero", "obj", "srs"), s.kernels))
+    parts = {
+        key: text.format(**names, shift_bytes=SHIFT_BYTES)
+        for key, text in (_GEMM_I8 if s.dtype_in == "i8" else _GEMM_MM).items()
+    }
+    return f"""
 def design():
     M, K, N = {t["M_pad"]}, {s.problem["K"]}, {t["N_pad"]}
     m, k, n = {t["m"]}, {t["k"]}, {t["n"]}
     n_cols, n_rows = {s.columns}, {s.rows}
     depth = {fifo["A_L2L1"].depth}
     a_dims = {list(fifo["A_L2L1"].dims)}
-    b_dims = {list(fifo["B_L2L1"].dims)}
+    b_dims = {list(fifo["B_L2L1"].dims) or None}
     c_dims = {list(fifo["C_L2L3"].dims)}
     t_in, t_out = {NP_DTYPE[s.dtype_in]}, {NP_DTYPE[s.dtype_out]}
     tiles_per_core = (M // m) * (N // n) // (n_cols * n_rows)
 
     a_ty = np.ndarray[(m, k), np.dtype[t_in]]
-    b_ty = np.ndarray[(k, n), np.dtype[t_in]]
+    b_ty = {parts["b_ty"]}
     c_ty = np.ndarray[(m, n), np.dtype[t_out]]
     c_col_ty = np.ndarray[(m * n_rows * n,), np.dtype[t_out]]
-    zero = Kernel("{s.kernels[1]}", "{s.kernels[2]}", [c_ty])
-    matmul = Kernel("{s.kernels[0]}", "{s.kernels[2]}", [a_ty, b_ty, c_ty])
+    {parts["kernels"]}
 
     # A: one stream per core row (shim and memory tile of column r), broadcast along the row; B: one stream
     # per column, broadcast down it; C: the column's tiles joined in its memory tile (DMA channel limits)
@@ -88,31 +135,22 @@ def design():
             )
         )
 
-    def core_fn(of_a, of_b, of_c, zero, matmul):
-        for _ in range_(tiles_per_core) if tiles_per_core > 1 else range(1):
-            acc = of_c.acquire(1)
-            zero(acc)
-            for _ in range_(K // k) if K // k > 1 else range(1):
-                a, b = of_a.acquire(1), of_b.acquire(1)
-                matmul(a, b, acc)
-                of_a.release(1)
-                of_b.release(1)
-            of_c.release(1)
+    {parts["core"]}
 
     workers = [
-        Worker(core_fn, [a_l1[r].cons(), b_l1[c].cons(), c_l1[c][r].prod(), zero, matmul], placement=Tile(c, 2 + r))
+        Worker(core_fn, [a_l1[r].cons(), b_l1[c].cons(), c_l1[c][r].prod(), {parts["core_args"]}], placement=Tile(c, 2 + r))
         for r in range(n_rows)
         for c in range(n_cols)
     ]
     a_taps = TensorTiler2D.group_tiler((M, K), (m, k), (1, K // k), pattern_repeat=N // n // n_cols)
     if {bool(s.notes.get("pretiled_b"))}:  # B repacked at load time: column c's n-blocks c, c + n_cols, ... in
         # the order it multiplies them (k-tiles of n x k), one contiguous slice, streamed once per row band of A
-        b_taps = TensorTiler2D.simple_tiler((n_cols, N * K // n_cols), (1, N * K // n_cols), pattern_repeat=M // m // n_rows)
+        b_taps = TensorTiler2D.simple_tiler((n_cols, {parts["b_len"]} // n_cols), (1, {parts["b_len"]} // n_cols), pattern_repeat=M // m // n_rows)
     else:
         b_taps = TensorTiler2D.group_tiler((N, K), (n, k), (1, K // k), pattern_repeat=M // m // n_rows)
     c_taps = TensorTiler2D.simple_tiler((M, N), (m * n_rows, n))
     rt = Runtime()
-    with rt.sequence(np.ndarray[(M * K,), np.dtype[t_in]], np.ndarray[(N * K,), np.dtype[t_in]],
+    with rt.sequence(np.ndarray[(M * K,), np.dtype[t_in]], np.ndarray[({parts["b_len"]},), np.dtype[t_in]],
                      np.ndarray[(M * N,), np.dtype[t_out]]) as (A, B, C):
         rt.start(*workers)
         for r in range(n_rows):
@@ -124,7 +162,7 @@ def design():
             for tap in c_taps[c::n_cols]:
                 rt.drain(c_out[c].cons(), C, tap, wait=True, placement=Tile(c, 0))
     return Program({DEVICE_CLASS[s.device]}(), rt).resolve_program(SequentialPlacer())
-'''
+"""
 
 
 def _gemv(s: Schedule) -> str:
@@ -422,6 +460,9 @@ def design_source(s: Schedule) -> str:
     head = HEADER.format(
         summary=summary(s),
         device_class=DEVICE_CLASS[s.device],
+        iron_names=", ".join(
+            ["Buffer"] * ("Buffer(" in body) + ["Kernel", "ObjectFifo", "Program", "Runtime", "Worker"]
+        ),
         bf16_import="from ml_dtypes import bfloat16\n" if "bfloat16" in body else "",
         schedule_json=json.dumps(sched, sort_keys=True),
     )

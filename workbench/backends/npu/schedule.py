@@ -27,7 +27,8 @@ OUT_DTYPE = {"bf16": "f32", "i8": "i16", "i16": "i32"}
 # need m % (em * r) == 0 and n % (en * t) == 0. Recent mlir-aie aie2 (npu1) mm.cc: int8 4 x 2
 # (matmul_vectorized_4x2_mmul: m % 16, n % 16), bf16 4 x 4 (m % 16, n % 16), i16 2 x 2 (m % 8, n % 8);
 # aie2p (npu2) mm.cc: 2 x 2 for every dtype. Older releases expand 2 x 2 everywhere, which these
-# multiples also satisfy.
+# multiples also satisfy. int8 GEMMs run our mlir/kernels/mm_i8.cc, which expands as these entries say
+# (build.py passes them as EXPAND_M / EXPAND_N): the int8 tiles are those mm.cc's would be.
 MM_EXPAND: dict[tuple[str, str], tuple[int, int]] = {
     ("npu1", "i8"): (4, 2),
     ("npu1", "bf16"): (4, 4),
@@ -36,6 +37,8 @@ MM_EXPAND: dict[tuple[str, str], tuple[int, int]] = {
     ("npu2", "bf16"): (2, 2),
     ("npu2", "i16"): (2, 2),
 }
+# int8 GEMM (mlir/kernels/mm_i8.cc): each B tile carries the weight's int32 SRS shift behind its k x n values
+SHIFT_BYTES = 4
 # RMSNorm kernel (mlir/kernels/rmsnorm.cc): bf16 x bf16 -> fp32 element-wise MACs of this many lanes
 NORM_LANES = 16
 # vector instructions per element of a row-wise op, over VECTOR_LANES_F32 lanes: RMSNorm per 16 values one
@@ -214,7 +217,7 @@ def _best(candidates: list[Schedule], array: AieArray, what: str) -> Schedule:
 
 
 def mm_multiples(array: AieArray, dtype: str) -> tuple[int, int]:
-    """What m and n of a GEMM tile must be multiples of for mm.cc on ``array`` (:data:`MM_EXPAND`)."""
+    """What m and n of a GEMM tile must be multiples of for its kernel on ``array`` (:data:`MM_EXPAND`)."""
     r, _, t = array.mac_tile(dtype)
     em, en = MM_EXPAND[array.generation, dtype]
     return em * r, en * t
@@ -250,14 +253,19 @@ def gemm_schedule(
     """C (M x N) = A (M x K) @ B (K x N), whole-array style: A tiles broadcast along a row of cores, B
     tiles along a column; each core accumulates m x n tiles over K in steps of k. ``b_col_maj``: B is
     stored as N x K (our weights), so a B tile's contiguous runs are k long; ``pretiled_b``: B (a weight)
-    was repacked at load time in tile order, so every B tile is one contiguous run."""
+    was repacked at load time in tile order, so every B tile is one contiguous run.
+
+    bf16 and i16 run mlir-aie's ``mm.cc`` (C accumulated in the output type). i8 runs our
+    ``mlir/kernels/mm_i8.cc``: int32 partial sums in a core buffer of m x n (scratch) across all k-steps,
+    one shift-round-saturate to int16 at the last; B pretiled on the host in the kernel's MAC-tile order
+    (no memory-tile transform) with the weight's int32 shift behind each tile (:data:`SHIFT_BYTES`)."""
     r, s, t = array.mac_tile(dtype)
     mr, nt = mm_multiples(array, dtype)
     out = dtype_out or OUT_DTYPE[dtype]
     if m % mr or k % s or n % nt:
         em, en = MM_EXPAND[array.generation, dtype]
         raise ScheduleError(
-            f"gemm tile {m}x{k}x{n}: {array.generation} mm.cc expands the {dtype} MAC tile {r}x{s}x{t} "
+            f"gemm tile {m}x{k}x{n}: the {array.generation} kernel expands the {dtype} MAC tile {r}x{s}x{t} "
             f"{em} x {en} times: m % {mr}, k % {s} and n % {nt} must be 0"
         )
     if K % k:
@@ -267,14 +275,21 @@ def gemm_schedule(
             f"gemm: {rows} core rows on {columns} columns: each row's A stream has its own shim and memory-tile "
             "channels (row r on column r), so rows may not exceed columns (DMA channel limits)"
         )
+    i8 = dtype == "i8"
+    if i8 and not pretiled_b:
+        raise ScheduleError(
+            "gemm: int8 B must be pretiled (mm_i8.cc's tile order, its SRS shift behind each tile)"
+        )
     mp, np_ = ceil_to(M, m * rows), ceil_to(N, n * columns)
     bi, bo = DTYPE_BYTES[dtype], DTYPE_BYTES[out]
     a_dims, b_dims, c_dims = _mm_dims(r, s, t, m, k, n, b_col_maj)
+    b_shape = (k * n + SHIFT_BYTES,) if i8 else (k, n)
+    b_obj = math.prod(b_shape) * bi
     fifos = (
         Fifo("A_L3L2", "shim", "memtile", (m, k), dtype, depth),
         Fifo("A_L2L1", "memtile", "core", (m, k), dtype, depth, a_dims, fanout=columns),
-        Fifo("B_L3L2", "shim", "memtile", (k, n), dtype, depth),
-        Fifo("B_L2L1", "memtile", "core", (k, n), dtype, depth, b_dims, fanout=rows),
+        Fifo("B_L3L2", "shim", "memtile", b_shape, dtype, depth),
+        Fifo("B_L2L1", "memtile", "core", b_shape, dtype, depth, () if i8 else b_dims, fanout=rows),
         Fifo("C_L1L2", "core", "memtile", (m, n), out, depth),
         Fifo("C_L2L3", "memtile", "shim", (m * rows, n), out, depth, c_dims),
     )
@@ -282,17 +297,22 @@ def gemm_schedule(
     transfers = (
         DdrTransfer("A", "in", mp * K * bi * a_reads, k * bi, min(columns, rows), a_reads),
         DdrTransfer(
-            "B", "in", np_ * K * bi * b_reads, (k * n if pretiled_b else k if b_col_maj else n) * bi, columns,
-            b_reads,
+            "B", "in", np_ // n * (K // k) * b_obj * b_reads, b_obj if pretiled_b else (k if b_col_maj else n) * bi,
+            columns, b_reads,
         ),
         DdrTransfer("C", "out", mp * np_ * bo, n * bo, columns),
     )  # fmt: skip
     tiles = (mp // m) * (np_ // n) // (columns * rows)
+    kernels = (
+        ("matmul_i8_i32", "zero_i32", f"mm_i8_{m}x{k}x{n}.o", "matmul_srs_i8_i16")
+        if i8
+        else (f"matmul_{dtype}_{out}", f"zero_{out}", f"mm_{m}x{k}x{n}.o")
+    )
     return Schedule(
         "gemm", array.key, dtype, out, {"M": M, "K": K, "N": N},
         {"m": m, "k": k, "n": n, "r": r, "s": s, "t": t, "M_pad": mp, "N_pad": np_},
-        columns, rows, fifos, transfers, tiles * (K // k), m * k * n, "matrix", 0,
-        (f"matmul_{dtype}_{out}", f"zero_{out}", f"mm_{m}x{k}x{n}.o"),
+        columns, rows, fifos, transfers, tiles * (K // k), m * k * n, "matrix", 0, kernels,
+        scratch_bytes=m * n * DTYPE_BYTES["i32"] if i8 else 0,
         blocks_per_call=(m // (2 * r)) * (n // (2 * t)),
         notes={"b_col_maj": b_col_maj, "pretiled_b": pretiled_b, "tiles_per_core": tiles},
     )  # fmt: skip

@@ -64,12 +64,15 @@ class XrtOps:
         self.measured_s += seconds
         return result, seconds
 
-    def _packed_weight(self, s: Schedule, name: str, w: np.ndarray) -> np.ndarray:
+    def _packed_weight(self, s: Schedule, name: str, w: np.ndarray, shift: int | None = None) -> np.ndarray:
         key = (name, artifacts(s, self.root).name)
         packed = self._weights.get(key)
         if packed is None:
-            pack = hostside.pack_gemv_weight if s.op == "gemv" else hostside.pack_gemm_weight
-            packed = self._weights[key] = pack(s, w)
+            if s.op == "gemv":
+                packed = hostside.pack_gemv_weight(s, w)
+            else:
+                packed = hostside.pack_gemm_weight(s, w, shift)
+            self._weights[key] = packed
         return packed
 
     def matmul(self, s: Schedule, x: np.ndarray, name: str, weight: Any) -> tuple[np.ndarray, float]:
@@ -85,7 +88,7 @@ class XrtOps:
                 y, seconds = self._run(s, [a, w], (s.tile["M_pad"] * n_pad, np.float32), weight=1)
             return hostside.unpack_matmul(s, y, rows), seconds
         wq, w_scale, shift = weight
-        w = self._packed_weight(s, name, wq.astype(np.int8))
+        w = self._packed_weight(s, name, wq.astype(np.int8), shift)  # the kernel reads the shift from B
         xq, x_scale = quantize_rows_i8(x)
         a = hostside.pack_gemm_rows(s, xq)
         c, seconds = self._run(s, [a, w], (s.tile["M_pad"] * n_pad, np.int16), weight=1)
