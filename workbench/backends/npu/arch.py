@@ -30,7 +30,8 @@ MAC_EFFICIENCY = {"i16": 1.0, "i8": 1.0, "bf16": 0.75}
 # the k-loop: load, shift-round-saturate and store the four accumulators, loop prologue and epilogue (the
 # 4 x 2 and 4 x 4 expansions of recent aie2 kernels are charged per four accumulators alike). Set so a
 # 64x64x64 i16 call sustains 80% of the MAC peak, the most the kernels reach between their event0/event1
-# trace markers (mlir-aie issue #2735); small tiles pay it more often (32x32x32: 67%)
+# trace markers (mlir-aie issue #2735); small tiles pay it more often (32x32x32: 67%). Those i16 kernels
+# load and store int32 C, as our int8 mm_i8.cc loads and stores its int32 partial sums, so int8 is charged alike
 BLOCK_CYCLES = 16
 # cycles a core spends per kernel call outside the kernel (lock acquire/release, call, loop bookkeeping)
 CALL_OVERHEAD_CYCLES = 200

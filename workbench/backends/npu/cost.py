@@ -7,9 +7,9 @@ that is longer: single buffering never helps).
 
 - compute: kernel calls per core x cycles per call / clock. A call costs its MACs / sustained MAC rate
   (the MAC tile per cycle, one column of it for GEMV and thin attention, one MAC per cycle on the scalar
-  unit, times :data:`~workbench.backends.npu.arch.MAC_EFFICIENCY`), plus per output block of mm.cc's
-  2x2-expanded matmul (accumulator load/store, loop prologue), plus vector ops / vector lanes, plus the
-  call overhead
+  unit, times :data:`~workbench.backends.npu.arch.MAC_EFFICIENCY`), plus per output block of the
+  2x2-expanded matmuls (mm.cc, our int8 mm_i8.cc: accumulator load/store, loop prologue), plus vector ops /
+  vector lanes, plus the call overhead
 - core streams: the busiest core input channel, 32 bit per cycle
 - memory-tile streams: the busiest memory-tile input channel from the shim (a column's stream that the
   memory tile splits or forwards to its cores: all its cores' data per call), 32 bit per cycle; the hop
