@@ -7,7 +7,8 @@ caches between repeats), for each thread count; reported: milliseconds per pass,
 repeats, and the weight bytes read per second at the best (measured; on a machine shared with other
 work the best is the steadier figure). Roles whose layers mix formats are also split by format.
 
-    .venv/bin/python scripts/kernel_bench.py [--threads 1,2] [--repeats 7] [--act int16|int8|none] [--json]
+    .venv/bin/python scripts/kernel_bench.py [--threads 1,2] [--repeats 7] [--act int16|int8|none] [--tune T]
+                                             [--json]
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def role(name: str) -> str:
     return "lm_head" if name == "token_embd.weight" else name.split(".")[2]
 
 
+def layout(w) -> str:
+    """The format the kernels read: the GGUF type, or the layout it was repacked into at load."""
+    return "Q6_K_I8" if w.fmt == mv.Q6_K_I8 else w.type.name
+
+
 def groups(b: CpuBackend) -> dict[str, list]:
     """Weights by role and by role+format (when a role mixes formats), in layer order."""
     by: dict[str, list] = defaultdict(list)
@@ -43,10 +49,10 @@ def groups(b: CpuBackend) -> dict[str, list]:
             by[role(name)].append(w)
     out = dict(by)
     for r, ws in by.items():
-        fmts = {w.type.name for w in ws}
+        fmts = {layout(w) for w in ws}
         if len(fmts) > 1:
             for f in sorted(fmts):
-                out[f"{r}[{f}]"] = [w for w in ws if w.type.name == f]
+                out[f"{r}[{f}]"] = [w for w in ws if layout(w) == f]
     return out
 
 
@@ -93,11 +99,12 @@ def main() -> int:
     ap.add_argument("--act", default="int16", choices=sorted(ACT_QUANT), help="activation quantization")
     ap.add_argument("--rows-per-task", type=int, default=mv.ROWS_PER_TASK)
     ap.add_argument("--only", default="", help="comma-separated roles to time (default: all)")
+    ap.add_argument("--tune", default="", help="backend tunables, e.g. q6_k_as_i8=0")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     model = wb.load(args.model)
-    b = CpuBackend(model, threads=max(threads), act_quant=args.act)
+    b = CpuBackend(model, threads=max(threads), act_quant=args.act, tune=args.tune or None)
     rows = []
     only = set(filter(None, args.only.split(",")))
     for name, ws in groups(b).items():
@@ -106,7 +113,7 @@ def main() -> int:
         nbytes = sum(w.data.nbytes for w in ws)
         row = {
             "role": name,
-            "formats": sorted({w.type.name for w in ws}),
+            "formats": sorted({layout(w) for w in ws}),
             "tensors": len(ws),
             "mb": nbytes / 1e6,
         }

@@ -124,16 +124,20 @@ def _q5_k(raw: np.ndarray) -> np.ndarray:
     return (dl * q - ml).reshape(-1)
 
 
-def _q6_k(raw: np.ndarray) -> np.ndarray:
-    b = _blocks(raw, 210)
+def q6_k_codes(b: np.ndarray) -> np.ndarray:
+    """The 256 signed codes (q - 32, in value order) of each 210-byte Q6_K superblock: (n, 256) int8."""
     ql = b[:, 0:128].reshape(-1, 2, 1, 2, 32)  # half, nibble, lo/hi 32, l
     qh = b[:, 128:192].reshape(-1, 2, 1, 32)
-    sc = b[:, 192:208].view(np.int8).astype(np.float32).reshape(-1, 16, 1)
-    d = _f16(b[:, 208:210])[:, :, None]
     nib = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(-1, 2, 4, 32)
     high = (qh >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
-    q = (nib | (high << 4)).astype(np.int8) - np.int8(32)
-    return ((d * sc) * q.reshape(-1, 16, 16).astype(np.float32)).reshape(-1)
+    return ((nib | (high << 4)).astype(np.int8) - np.int8(32)).reshape(-1, 256)
+
+
+def _q6_k(raw: np.ndarray) -> np.ndarray:
+    b = _blocks(raw, 210)
+    sc = b[:, 192:208].view(np.int8).astype(np.float32).reshape(-1, 16, 1)
+    d = _f16(b[:, 208:210])[:, :, None]
+    return ((d * sc) * q6_k_codes(b).reshape(-1, 16, 16).astype(np.float32)).reshape(-1)
 
 
 DEQUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {

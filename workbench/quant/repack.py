@@ -4,15 +4,21 @@ faster than another.
 Q5_0 -> Q8_0: a Q5_0 block holds an fp16 scale ``d`` and 32 five-bit codes ``q`` (``w = d * (q - 16)``); a
 Q8_0 block holds an fp16 scale and 32 int8 values (``w = d * v``). With the same ``d`` and ``v = q - 16``
 (-16..15) the weights are identical, in 34 bytes instead of 22.
+
+Q6_K -> Q6_K_I8 (a layout of the cpu backend, not a GGUF type): a Q6_K superblock holds 256 six-bit codes
+split into low-nibble and high-bit planes, 16 int8 scales and an fp16 ``d`` (``w = d * scale * (q - 32)``,
+one scale per 16 values). Q6_K_I8 keeps ``d`` and the scales and stores the codes ``q - 32`` as int8 in
+value order: ``[d: 2 bytes][scales: 16][codes: 256]``, 274 bytes instead of 210, the same weights.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .dequant import _q5_bits
+from .dequant import _q5_bits, q6_k_codes
 
 Q5_0_BYTES, Q8_0_BYTES = 22, 34
+Q6_K_BYTES, Q6_K_I8_BYTES = 210, 274
 
 
 def q5_0_to_q8_0(raw: np.ndarray) -> np.ndarray:
@@ -25,4 +31,16 @@ def q5_0_to_q8_0(raw: np.ndarray) -> np.ndarray:
     out = np.empty((len(b), Q8_0_BYTES), np.uint8)
     out[:, :2] = b[:, :2]
     out[:, 2:] = (q.astype(np.int8) - np.int8(16)).view(np.uint8)
+    return out.reshape(raw.shape[0], -1)
+
+
+def q6_k_to_i8(raw: np.ndarray) -> np.ndarray:
+    """Q6_K rows (rows, superblocks * 210 bytes) as Q6_K_I8 rows (rows, superblocks * 274 bytes)."""
+    if raw.ndim != 2 or raw.shape[1] % Q6_K_BYTES:
+        raise ValueError(f"Q6_K rows must be (rows, a multiple of {Q6_K_BYTES} bytes), got {raw.shape}")
+    b = np.ascontiguousarray(raw).reshape(-1, Q6_K_BYTES)
+    out = np.empty((len(b), Q6_K_I8_BYTES), np.uint8)
+    out[:, 0:2] = b[:, 208:210]
+    out[:, 2:18] = b[:, 192:208]
+    out[:, 18:] = q6_k_codes(b).view(np.uint8)
     return out.reshape(raw.shape[0], -1)

@@ -15,7 +15,7 @@ from numba.extending import intrinsic
 from ..._numba import numba
 from ...quant.formats import GGMLType
 from .dot16 import make_dot_i16
-from .simd import DECODERS, make_dequant, make_dot_f32
+from .simd import DECODERS, Q6_K_I8, REPACKED, make_dequant, make_dot_f32
 
 njit, prange = numba.njit, numba.prange
 
@@ -24,7 +24,8 @@ Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K = (
 )
 F32, F16, BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 QUANT_TYPES = frozenset(DECODERS)
-QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES)  # CpuWeight.fmt values of the GGUF block formats
+# CpuWeight.fmt values of the GGUF block formats and of the layouts they are repacked into
+QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES) | frozenset(REPACKED)
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
 i16_q8_0, i16_q4_0, i16_q5_0, i16_q4_k, i16_q5_k, i16_q6_k = (
@@ -36,6 +37,7 @@ f32_q8_0, f32_q4_0, f32_q5_0, f32_q4_k, f32_q5_k, f32_q6_k = (
 dq_q8_0, dq_q4_0, dq_q5_0, dq_q4_k, dq_q5_k, dq_q6_k = (
     make_dequant(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
 )
+i16_q6_k_i8, f32_q6_k_i8, dq_q6_k_i8 = make_dot_i16(Q6_K_I8), make_dot_f32(Q6_K_I8), make_dequant(Q6_K_I8)
 
 
 def units(qtype: int, cols: int) -> int:
@@ -103,6 +105,9 @@ def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: 
         elif fmt == Q4_K:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = i16_q4_k(wa + n * rb, q, d, s, n_units)
+        elif fmt == Q6_K_I8:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q6_k_i8(wa + n * rb, q, d, s, n_units)
         elif fmt == Q6_K:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = i16_q6_k(wa + n * rb, q, d, s, n_units)
@@ -133,6 +138,9 @@ def _rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no co
         elif fmt == Q4_K:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = f32_q4_k(wa + n * rb, xp, s, n_units)
+        elif fmt == Q6_K_I8:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q6_k_i8(wa + n * rb, xp, s, n_units)
         elif fmt == Q6_K:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = f32_q6_k(wa + n * rb, xp, s, n_units)
@@ -152,6 +160,8 @@ def _dequant(fmt, row, out, n_units):  # pragma: no cover - compiled
         dq_q5_0(row, out, n_units)
     elif fmt == Q4_K:
         dq_q4_k(row, out, n_units)
+    elif fmt == Q6_K_I8:
+        dq_q6_k_i8(row, out, n_units)
     elif fmt == Q6_K:
         dq_q6_k(row, out, n_units)
     elif fmt == Q4_0:

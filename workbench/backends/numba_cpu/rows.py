@@ -17,15 +17,16 @@ from numba.extending import intrinsic
 from ..._numba import numba
 from ...quant.formats import GGMLType
 from .simd import (
-    DECODERS,
     F32,
     I64,
     PREFETCH_AHEAD,
+    Q6_K_I8,
     _as_ptr,
     _for_units,
     _prefetch,
     _scale_vec,
     _splat,
+    format_code,
     vt,
 )
 
@@ -57,12 +58,12 @@ def _strict_hsum(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
-def make_dot_rows_f32(qtype: GGMLType, n_rows: int):
+def make_dot_rows_f32(qtype: int, n_rows: int):
     """``dot_rows(w_addr, x_addr, x_stride, n_units, out_addr, out_stride)``: one weight row of ``qtype``
     against ``n_rows`` float32 activation rows; ``out[t] = dot(dequant(w), x[t])``, each row with its own
     accumulator and a strict float order (explicit FMAs, no fast-math flags), so a row's result is the same
     in any slot of any batch."""
-    code = DECODERS[qtype]
+    code = format_code(qtype)
 
     @intrinsic
     def dot_rows(typingctx, w, x, x_stride, n_units, out, out_stride):
@@ -114,6 +115,7 @@ _TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q
 rows_q8_0, rows_q4_0, rows_q5_0, rows_q4_k, rows_q5_k, rows_q6_k = (
     make_dot_rows_f32(t, ROWS) for t in _TYPES
 )
+rows_q6_k_i8 = make_dot_rows_f32(Q6_K_I8, ROWS)
 
 
 @njit(cache=True)
@@ -135,6 +137,8 @@ def _rows(fmt, w, n_units, r0, r1, x, out):  # pragma: no cover - compiled
                 rows_q4_0(*args)
             elif fmt == Q5_K:
                 rows_q5_k(*args)
+            elif fmt == Q6_K_I8:
+                rows_q6_k_i8(*args)
             else:
                 rows_q6_k(*args)
 

@@ -25,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
+from ...quant.repack import Q6_K_I8_BYTES
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, HALF = ir.FloatType(), ir.HalfType()
@@ -189,6 +190,20 @@ def _q6_k(b, base, u):
     return out
 
 
+def _q6_k_i8(b, base, u):
+    """Q6_K_I8 (:mod:`workbench.quant.repack`): d at 0, 16 int8 scales at 2, int8 codes at 18."""
+    d = _half(b, base, 0)
+    out = []
+    for g in range(8):
+        vals = b.sext(_load(b, base, 18 + 32 * g, vt(I8, 32)), vt(I16, 32))
+        s_lo, s_hi = (
+            b.fmul(d, b.sitofp(_load(b, base, 2 + 2 * g + k, I8), F32), flags=FAST) for k in range(2)
+        )
+        xb = b.add(b.mul(u, ir.Constant(I64, 8)), ir.Constant(I64, g))
+        out.append(Decoded(vals, s_lo, s_hi, None, xb))
+    return out
+
+
 @dataclass(frozen=True)
 class FormatCode:
     decode: Callable
@@ -204,6 +219,14 @@ DECODERS: dict[GGMLType, FormatCode] = {
     GGMLType.Q5_K: FormatCode(_q5_k, 176, 256),
     GGMLType.Q6_K: FormatCode(_q6_k, 210, 256),
 }
+# layouts the backend repacks GGUF blocks into at load (ids above the GGML type ids, below qformats' planar id)
+Q6_K_I8 = 900
+REPACKED: dict[int, FormatCode] = {Q6_K_I8: FormatCode(_q6_k_i8, Q6_K_I8_BYTES, 256)}
+
+
+def format_code(fmt: int) -> FormatCode:
+    """The decoder of a GGML block type or of a repacked layout."""
+    return DECODERS[fmt] if fmt in DECODERS else REPACKED[fmt]
 
 
 # -- helpers for the consumers -------------------------------------------------------------------------
@@ -269,9 +292,9 @@ def _for_units(b, n_units, body, unroll: int = 2) -> None:
 
 
 # -- intrinsic factories -------------------------------------------------------------------------------
-def make_dot_f32(qtype: GGMLType):
+def make_dot_f32(qtype: int):
     """``dot(w_addr, x_addr, xs_addr, n_units) -> float32``: exact float activations ``x`` (xs: block sums)."""
-    code = DECODERS[qtype]
+    code = format_code(qtype)
 
     @intrinsic
     def dot(typingctx, w, x, xs, n):
@@ -306,9 +329,9 @@ def make_dot_f32(qtype: GGMLType):
     return dot
 
 
-def make_dequant(qtype: GGMLType):
+def make_dequant(qtype: int):
     """``dequant(w_addr, out_addr, n_units)``: one row of ``qtype`` to float32 (ggml's arithmetic order)."""
-    code = DECODERS[qtype]
+    code = format_code(qtype)
 
     @intrinsic
     def dequant(typingctx, w, out, n):
