@@ -57,9 +57,9 @@ def matmul_i8(
 def matmul_i8_acc(
     schedule: Schedule, array: AieArray, xq: np.ndarray, wq: np.ndarray, shift: int
 ) -> np.ndarray:
-    """What the int8 design computes: int8 ``xq`` (M x K) times ``wq`` (N x K, int8 values) accumulated in
-    int32 over the k-steps, shift-round-saturated to int16 by ``shift``. Each k-step (k <= 1024: |partial| <
-    2**24) is exact in fp32 BLAS."""
+    """What the int8 design computes (``mlir/kernels/mm_i8.cc``): int8 ``xq`` (M x K) times ``wq`` (N x K,
+    int8 values) accumulated in int32 over the k-steps, shift-round-saturated to int16 by ``shift`` once
+    (ties to even, saturating). Each k-step (k <= 1024: |partial| < 2**24) is exact in fp32 BLAS."""
     schedule.check(array)
     if schedule.tile["k"] > 1024:
         raise ValueError("int8 emulation needs k <= 1024 (exact fp32 partial sums)")
