@@ -126,20 +126,29 @@ def _op_ms_per_token(engine: Engine, prompt: list[int], n: int) -> dict[str, flo
             for k, rx in (("ffn", FFN_OP), ("attn", ATTN_OP))}  # fmt: skip
 
 
+def _decode_tok_s(
+    engines: dict[str, Engine], prompt: list[int], cfg: EvalConfig, desc: str, progress: bool
+) -> dict[str, float]:
+    """Greedy decode tokens/s of each engine after a warm-up, alternating, median of ``cfg.repeats``."""
+    greedy = SamplingParams()
+    for (
+        e
+    ) in engines.values():  # warm-up: compile kernels, fill caches (e.g. the sparse kernel's transposed down)
+        e.generate(prompt, 2, greedy, stop_ids=())
+    runs: dict[str, list[float]] = {k: [] for k in engines}
+    for _ in tqdm(range(cfg.repeats), desc=desc, unit="run", disable=not progress):
+        for key, e in engines.items():
+            runs[key].append(e.generate(prompt, cfg.speed_tokens, greedy, stop_ids=()).decode_tok_s)
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
 def measure_speed(
     ref: Engine, var: Engine, prompt: list[int], cfg: EvalConfig, progress: bool
 ) -> dict[str, float]:
     """Decode tokens/s of both (alternating, medians) and their FFN and attention op time per token;
     ratios variant/ref."""
     n = cfg.speed_tokens
-    greedy = SamplingParams()
-    for e in (ref, var):  # warm-up: compile kernels, fill caches (e.g. the sparse kernel's transposed down)
-        e.generate(prompt, 2, greedy, stop_ids=())
-    runs: dict[str, list[float]] = {"ref": [], "var": []}
-    for _ in tqdm(range(cfg.repeats), desc="decode speed", unit="run", disable=not progress):
-        for key, e in (("ref", ref), ("var", var)):
-            runs[key].append(e.generate(prompt, n, greedy, stop_ids=()).decode_tok_s)
-    tok_s = {k: statistics.median(v) for k, v in runs.items()}
+    tok_s = _decode_tok_s({"ref": ref, "var": var}, prompt, cfg, "decode speed", progress)
     prof: dict[str, list[dict[str, float]]] = {"ref": [], "var": []}
     for _ in range(cfg.profile_repeats):  # alternating, like the timed runs
         for key, e in (("ref", ref), ("var", var)):
@@ -169,13 +178,8 @@ def measure_nm_speed(
     """The N:M kernels against the same pruned weights stored dense in the same value format (``twin``,
     :func:`workbench.sparsity.nm.dense_twin`): decode tokens/s alternating (medians), and the time per
     token of the ops that multiply N:M weights (profiled, alternating, medians)."""
-    n, greedy = cfg.speed_tokens, SamplingParams()
-    for e in (twin, var):
-        e.generate(prompt, 2, greedy, stop_ids=())
-    runs: dict[str, list[float]] = {"twin": [], "var": []}
-    for _ in tqdm(range(cfg.repeats), desc="N:M vs dense speed", unit="run", disable=not progress):
-        for key, e in (("twin", twin), ("var", var)):
-            runs[key].append(e.generate(prompt, n, greedy, stop_ids=()).decode_tok_s)
+    n = cfg.speed_tokens
+    tok_s = _decode_tok_s({"twin": twin, "var": var}, prompt, cfg, "N:M vs dense speed", progress)
     op_ms: dict[str, list[float]] = {"twin": [], "var": []}
     for _ in range(cfg.profile_repeats):
         dec, steps = _decode_ops(var, prompt, n)
@@ -183,7 +187,6 @@ def measure_nm_speed(
         op_ms["var"].append(1e3 * float(dec[dec["op"].isin(names)]["host_s"].sum()) / steps)
         dec, steps = _decode_ops(twin, prompt, n)
         op_ms["twin"].append(1e3 * float(dec[dec["op"].isin(names)]["host_s"].sum()) / steps)
-    tok_s = {k: statistics.median(v) for k, v in runs.items()}
     ms = {k: statistics.median(v) for k, v in op_ms.items()}
     return {
         "nm_decode_tok_s": tok_s["var"],
