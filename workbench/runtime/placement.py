@@ -110,21 +110,23 @@ def assign(graph: Graph, strategy: str, phase: str = "decode", first_n: int | No
 
 # -- time of one op or transfer on a device --------------------------------------------------------------
 def npu_schedule(op: Op, graph: Graph, positions: np.ndarray, array, dtype: str):
-    """The NPU schedule of ``op`` in ``graph`` (as the npu backend plans it)."""
-    from ..backends.npu import matmul_schedule
-    from ..backends.npu.schedule import plan_attention, plan_rowwise
+    """The NPU schedule of ``op`` in ``graph``: the design the npu backend runs for it (shapes padded to the
+    built designs, :mod:`workbench.backends.npu.designs`)."""
+    from ..backends.npu import designs
 
     x = graph.tensors[op.inputs[0]].shape
     if op.kind == "matmul":
         n_out = sum(graph.weights[w].shape[0] for w in op.weights)
-        return matmul_schedule(array, x[0], n_out, x[1], dtype)
+        return designs.matmul_design(array, x[0], n_out, x[1], dtype)
     if op.kind == "rmsnorm":
         length = op.attr("group") or x[-1]
-        return plan_rowwise(array, "rmsnorm", int(np.prod(x)) // length, length)
+        return designs.rmsnorm_design(array, x[0], int(np.prod(x)) // x[0] // length, length)
     if op.kind == "attention":
         a = op.attrs
-        keys = distinct_keys(positions, a.get("window", 0))
-        return plan_attention(array, len(positions), keys, a["n_heads"], a["n_kv_heads"], a["head_dim"])
+        window = a.get("window", 0)
+        keys = distinct_keys(positions, window)
+        return designs.attention_design(array, len(positions), keys, a["n_heads"], a["n_kv_heads"],
+                                        a["head_dim"], window)  # fmt: skip
     raise ValueError(f"op kind {op.kind!r} has no NPU schedule")
 
 
