@@ -125,8 +125,9 @@ class CpuBackend(Backend):
         # cost a third of the work), and decode's Q5_0 projections are compute-bound
         self.q5_0_as_q8_0 = self.tunable("q5_0_as_q8_0", q5_0_as_q8_0)
         # Q6_K weights repacked at load with their codes as int8 (Q6_K_I8): 30% more bytes, the bit planes
-        # no longer rebuilt per token; measured on the default model's Q6_K ffn_down tensors (2 threads):
-        # 1.00 -> 0.70 ms a token
+        # no longer rebuilt per token; measured (scripts/kernel_bench.py, 2 threads, load 0.55) on the
+        # default model's Q6_K ffn_down tensors: 1.01 -> 0.76 ms a token (best of 9), decode step
+        # 16.94 -> 16.46 ms (medians, steps of both interleaved, load ~1)
         self.q6_k_as_i8 = self.tunable("q6_k_as_i8", q6_k_as_i8)
         if self.batch_min_rows < 1 or self.batch_rows < 0:
             raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")

@@ -355,8 +355,8 @@ def _q6_k_body(r: _Row) -> ir.Value:
 def _q6_k_i8_body(r: _Row) -> ir.Value:
     """Q6_K_I8 (Q6_K repacked at load, :mod:`workbench.quant.repack`): the int8 codes of each 32 values
     widened as Q8_0's (four ``vpmovsxbw``), each 16 summed under its own scale (d x scale x the block's
-    activation scale, converted once per superblock): 6.6 against 17.3 cycles per 32 values of Q6_K (one
-    thread, rows in L2; measured under a load average of ~1.5)."""
+    activation scale, converted once per superblock): 6.6 against 17.3 TSC cycles per 32 values of Q6_K
+    (one thread, rows in L2; measured under a load average of ~1.5)."""
     b = r.b
     stack = cgutils.alloca_once(b, vt(F32, 16))
     dup = _const_vec(I32, [i // 2 for i in range(16)])
