@@ -91,8 +91,9 @@ def test_stop_token_ends_speculation(tiny_model):
 
 
 def test_quant_draft_of_the_same_model_and_cpu_verification(tiny_model):
-    """An int4 copy of the model drafts; the cpu backend verifies (its multi-row verification uses exact
-    float activations, its single-row decode quantized ones: outputs are compared, not assumed)."""
+    """An int4 copy of the model drafts; the cpu backend verifies (its multi-row verification runs the
+    batched kernel, its single-row decode the one-row kernel, summing in other orders: outputs are compared,
+    not assumed)."""
     drafter = make_drafter("quant:int4-g32", tiny_model)
     assert drafter.name == "quant:int4-g32"
     p = [30, 31, 32, 33, 34] * 4
