@@ -69,10 +69,13 @@ def test_ragged_step_equals_sequences_alone(tiny_model, backend):
         np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-5)
 
 
-def test_cpu_batched_kernel_matches_reference_and_is_batch_invariant(quant_model):
-    """Quantized weights (Q4_K, Q6_K, Q5_0/Q8_0): the batched kernel's rows equal the numpy oracle to float32
+@pytest.mark.parametrize(
+    "tune", [None, "batch_min_rows=2"]
+)  # one-row kernels per row (default), batched kernel
+def test_cpu_batched_kernel_matches_reference_and_is_batch_invariant(quant_model, tune):
+    """Quantized weights (Q4_K, Q6_K, Q5_0/Q8_0): the rows of a batched step equal the numpy oracle to float32
     rounding, and a sequence's logits are bit-identical whether it runs with 2 or 7 others."""
-    cpu, ref = wb.Engine(quant_model, "cpu"), wb.Engine(quant_model, "numpy")
+    cpu, ref = wb.Engine(quant_model, "cpu", tune=tune), wb.Engine(quant_model, "numpy")
     types = {t.type.name for t in quant_model.weights.values()}
     assert {"Q4_K", "Q6_K"} <= types and types & {"Q5_0", "Q8_0"}
     rng = np.random.default_rng(1)

@@ -95,11 +95,11 @@ class CpuBackend(Backend):
         threads: int | None = None,
         act_quant: str = "int16",
         fused: bool = True,
-        gemv_max_rows: int = 4,
+        gemv_max_rows: int = 8,
         dense_cache_mib: int = 1024,
         rows_per_task: int = mv.ROWS_PER_TASK,
         batch_rows: int = 16,
-        batch_min_rows: int = 2,
+        batch_min_rows: int = 9,
         q5_0_as_q8_0: bool = True,
         q6_k_as_i8: bool = True,
         tune: str | None = None,
@@ -117,11 +117,15 @@ class CpuBackend(Backend):
         if gemv_max_rows < 1 or dense_cache_mib < 0:
             raise ValueError("gemv_max_rows must be >= 1 and dense_cache_mib >= 0")
         self.act_quant, self.fused, self.gemv_max_rows = act_quant, fused, gemv_max_rows
-        # steps of batch_min_rows..batch_rows rows (batched decode, speculative verification) use the
-        # batched kernels (a row's result independent of the batch): with act_quant int16/int8 rows16.py
-        # (activations quantized as single-token decode quantizes them; on the LM head at 8 rows 6.9 -> 5.4
-        # TSC cycles per block and row against the float kernel, one thread), with act_quant none rows.py
-        # (exact float activations)
+        # Steps of up to gemv_max_rows rows (batched decode, speculative verification) run the one-row
+        # kernels for each row over each weight row, as single-token steps compute them. Steps of
+        # batch_min_rows..batch_rows rows use the batched kernels, which compute rows in groups of 8 (a row's
+        # result independent of the batch): rows16.py with act_quant int16/int8 (activations quantized as
+        # single-token decode quantizes them; LM head at 8 rows 6.9 -> 5.4 TSC cycles per block and row
+        # against the float kernel, one thread), rows.py with act_quant none (exact float activations).
+        # Measured on this 2-core Zen 1 host (bench-batch -p 64 -g 32, aggregate tok/s, batch 1: 53): the
+        # batched kernels 18 / 35 / 54 / 68 at 2 / 4 / 6 / 8 rows, the one-row kernels 54 / 63 / 67 / 68, so
+        # the batched kernels start above 8 rows.
         self.batch_rows = self.tunable("batch_rows", batch_rows)
         self.batch_min_rows = self.tunable("batch_min_rows", batch_min_rows)
         # Q5_0 weights converted at load to Q8_0 blocks of the same values (workbench.quant.repack): 55% more
