@@ -32,29 +32,42 @@ njit, prange = numba.njit, numba.prange
 _VIEW = {"fp32": np.float32, "int8": np.int8, "fp16": np.uint16, "bf16": np.int16}
 
 
+def _to_float(b: ir.IRBuilder, raw: ir.Value, kind: str) -> ir.Value:
+    """Stored ``kind`` values (a scalar or a vector) as float32: fp32 as is, int8 converted, fp16 / bf16 bits
+    widened."""
+    lanes = raw.type.count if isinstance(raw.type, ir.VectorType) else 0
+
+    def of(t: ir.Type) -> ir.Type:
+        return vt(t, lanes) if lanes else t
+
+    if kind == "int8":
+        return b.sitofp(raw, of(F32))
+    if kind == "fp16":
+        return b.fpext(b.bitcast(raw, of(ir.HalfType())), of(F32))
+    if kind == "bf16":
+        sixteen = ir.Constant(of(I32), [16] * lanes if lanes else 16)
+        return b.bitcast(b.shl(b.zext(raw, of(I32)), sixteen), of(F32))
+    return raw
+
+
+_KIND_OF_TYPE = {types.float32: "fp32", types.int8: "int8", types.uint16: "fp16", types.int16: "bf16"}
+
+
 @intrinsic
 def _widen(typingctx, v):
-    """A stored value as float32, by its type: float32 as is, int8 converted, uint16 fp16 bits, int16 bf16 bits."""
-    if v not in (types.float32, types.int8, types.uint16, types.int16):
+    """A stored value as float32, by its type (:data:`_VIEW`): float32, int8, uint16 fp16 bits, int16 bf16 bits."""
+    if v not in _KIND_OF_TYPE:
         return None
 
     def codegen(context, b, signature, args):
-        (x,) = args
-        f32 = ir.FloatType()
-        if v == types.float32:
-            return x
-        if v == types.int8:
-            return b.sitofp(x, f32)
-        if v == types.uint16:
-            return b.fpext(b.bitcast(x, ir.HalfType()), f32)
-        return b.bitcast(b.shl(b.zext(x, ir.IntType(32)), ir.Constant(ir.IntType(32), 16)), f32)
+        return _to_float(b, args[0], _KIND_OF_TYPE[v])
 
     return types.float32(v), codegen
 
 
 UNROLL = 4  # group pairs per loop iteration (their code bytes in one 32-bit load; one accumulator each)
 PREFETCH_AHEAD = 1024  # bytes of the value stream prefetched ahead
-VALUE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+VALUE_BYTES = {kind: np.dtype(t).itemsize for kind, t in _VIEW.items()}
 # the 2:4 position pairs of a group, numbered; a pair of groups keeping combos (a, b) has code a + 6 b
 COMBOS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
 PAIR_COMBOS = len(COMBOS) ** 2
@@ -65,14 +78,7 @@ def _four_values(b: ir.IRBuilder, vp: ir.Value, pair: ir.Value, kind: str) -> ir
     """The four stored values of group pair ``pair`` as <4 x float>."""
     t = {"fp32": F32, "int8": I8}.get(kind, I16)
     addr = b.gep(vp, [b.mul(pair, ir.Constant(I64, 4 * VALUE_BYTES[kind]))])
-    raw = b.load(b.bitcast(addr, ptr(vt(t, 4))), align=1)
-    if kind == "int8":
-        return b.sitofp(raw, vt(F32, 4))
-    if kind == "fp16":
-        return b.fpext(b.bitcast(raw, vt(ir.HalfType(), 4)), vt(F32, 4))
-    if kind == "bf16":
-        return b.bitcast(b.shl(b.zext(raw, vt(I32, 4)), ir.Constant(vt(I32, 4), [16] * 4)), vt(F32, 4))
-    return raw
+    return _to_float(b, b.load(b.bitcast(addr, ptr(vt(t, 4))), align=1), kind)
 
 
 def make_dot_2_4(kind: str):
@@ -120,7 +126,8 @@ _KIND_CODE = {"fp32": F32_V, "fp16": F16_V, "bf16": BF16_V, "int8": I8_V}
 dot_f32, dot_f16, dot_bf16, dot_i8 = (make_dot_2_4(k) for k in _KIND_CODE)
 # table column of each lane of each pair code: lanes 0, 1 from the first group, 2, 3 from the second
 _PAIR_COLS = np.array(
-    [[*COMBOS[c % 6], 4 + COMBOS[c // 6][0], 4 + COMBOS[c // 6][1]] for c in range(PAIR_COMBOS)], np.int64
+    [[*COMBOS[c % len(COMBOS)], *(4 + i for i in COMBOS[c // len(COMBOS)])] for c in range(PAIR_COMBOS)],
+    np.int64,
 )
 
 
@@ -169,18 +176,6 @@ def pair_codes(idx: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, fastmath=True)
-def _dot_2_4(v, idx, x):  # pragma: no cover - compiled
-    """One 2:4 row: byte g of ``idx`` holds the two kept positions of inputs 4g .. 4g+3."""
-    acc0 = np.float32(0.0)
-    acc1 = np.float32(0.0)
-    for g in range(idx.shape[0]):
-        b = np.int64(idx[g])
-        acc0 += _widen(v[2 * g]) * x[4 * g + (b & 15)]
-        acc1 += _widen(v[2 * g + 1]) * x[4 * g + (b >> 4)]
-    return acc0 + acc1
-
-
-@njit(cache=True, fastmath=True)
 def _dot_nm(v, idx, x, n, m):  # pragma: no cover - compiled
     """One N:M row: slot k's position is nibble k of ``idx`` (low nibble first)."""
     acc = np.float32(0.0)
@@ -199,11 +194,7 @@ def matvec_nm(v, idx, scale, x, n, m, out, rpt):  # pragma: no cover - compiled
     for i in prange((rows + rpt - 1) // rpt):
         for r in range(i * rpt, min(rows, (i + 1) * rpt)):
             for t in range(x.shape[0]):
-                if n == 2 and m == 4:
-                    d = _dot_2_4(v[r], idx[r], x[t])
-                else:
-                    d = _dot_nm(v[r], idx[r], x[t], n, m)
-                out[t, r] = d * scale[r]
+                out[t, r] = _dot_nm(v[r], idx[r], x[t], n, m) * scale[r]
 
 
 class NMWeight(PlanarWeight):
