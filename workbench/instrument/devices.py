@@ -238,9 +238,8 @@ def host_profile(refresh: bool = False) -> DeviceProfile:
             if data.get("key") != key:
                 data = None
             else:
-                then = float(
-                    data.get("load_per_core", BUSY_LOAD + 1)
-                )  # unrecorded: measured before this rule
+                # a measurement without a recorded load predates this rule: taken as busy
+                then = float(data.get("load_per_core", BUSY_LOAD + 1))
                 now = _load_per_core(cores)
                 if then > BUSY_LOAD and (now <= BUSY_LOAD or now < then - QUIETER):
                     data = None
