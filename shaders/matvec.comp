@@ -4,8 +4,11 @@
 // Variants: NORM (RMSNorm of x fused in: x * inv_rms(x) * nw), GELU_PAIR (second weight `up` in binding 5:
 // y = gelu(W x) * (U x)). ROW_THREADS threads share a row (a power of two; below the subgroup size their sum
 // is a shuffle butterfly, above it subgroupAdd then shared memory); each group of ROW_THREADS threads computes
-// RB rows (RB > 1 for steps of several tokens: the activations of a chunk, loaded and normalized once, serve RB
-// rows, so that loads no longer outnumber the FMAs); WG / ROW_THREADS * RB rows per workgroup.
+// RB rows (RB > 1 for steps of several tokens: each token's activations of a chunk, loaded and normalized once,
+// serve RB rows, so that loads no longer outnumber the FMAs); WG / ROW_THREADS * RB rows per workgroup. Per
+// chunk the RB rows' weights are decoded first, then the tokens are taken one at a time (8-token steps on an
+// H100: gate/up 0.39 -> 0.30 ms, LM head 0.25 -> 0.19 ms a step against loading every token's activations
+// first, which keeps 16 x T floats live).
 // POST_NORM_ADD: the last workgroup to finish (an atomic counter in the arena, reset by it) also computes
 // out = r + rmsnorm(y) * pw over the whole output row (the post-norm residual add of Gemma 3), so that
 // it needs no dispatch of its own.
@@ -130,7 +133,17 @@ void main() {
     if (row_base < pc.N) {
         const uint NC = KC / 8u;
         [[unroll]] for (uint c = lane; c < NC; c += ROW_THREADS) {
-            vec4 xl[NT], xh[NT];
+            vec4 wl[RB], wh[RB];
+#ifdef GELU_PAIR
+            vec4 wl2[RB], wh2[RB];
+#endif
+            [[unroll]] for (uint j = 0u; j < RB; ++j) {
+                uint row = min(row_base + j * ROWS, pc.N - 1u);  // rows past N: a valid row, never stored
+                deq_a(pc.pl, KC, row, c, wl[j], wh[j]);
+#ifdef GELU_PAIR
+                deq_b(pc.pl2, KC, row, c, wl2[j], wh2[j]);
+#endif
+            }
 #ifdef NORM
             uint nb = pc.nw_off + 8u * c;
             vec4 nlo = vec4(smalls[nb], smalls[nb + 1], smalls[nb + 2], smalls[nb + 3]);
@@ -138,26 +151,15 @@ void main() {
 #endif
             [[unroll]] for (uint t = 0u; t < NT; ++t) {
                 uint xb = (pc.x_off + t * pc.x_stride) / 4u + 2u * c;
-                xl[t] = act4[xb];
-                xh[t] = act4[xb + 1u];
+                vec4 xl = act4[xb], xh = act4[xb + 1u];
 #ifdef NORM
-                xl[t] = (xl[t] * inv_rms[t]) * nlo;
-                xh[t] = (xh[t] * inv_rms[t]) * nhi;
+                xl = (xl * inv_rms[t]) * nlo;
+                xh = (xh * inv_rms[t]) * nhi;
 #endif
-            }
-            [[unroll]] for (uint j = 0u; j < RB; ++j) {
-                uint row = row_base + j * ROWS;
-                if (RB > 1u && row >= pc.N) break;
-                vec4 lo, hi;
-                deq_a(pc.pl, KC, row, c, lo, hi);
+                [[unroll]] for (uint j = 0u; j < RB; ++j) {
+                    acc[j][t] += dot8(wl[j], xl, wh[j], xh);
 #ifdef GELU_PAIR
-                vec4 lo2, hi2;
-                deq_b(pc.pl2, KC, row, c, lo2, hi2);
-#endif
-                [[unroll]] for (uint t = 0u; t < NT; ++t) {
-                    acc[j][t] += dot8(lo, xl[t], hi, xh[t]);
-#ifdef GELU_PAIR
-                    acc2[j][t] += dot8(lo2, xl[t], hi2, xh[t]);
+                    acc2[j][t] += dot8(wl2[j], xl, wh2[j], xh);
 #endif
                 }
             }
