@@ -14,6 +14,8 @@ os.environ.setdefault("WORKBENCH_CACHE", str(Path(__file__).resolve().parents[1]
 # run records written by tests go to a throwaway folder, not the checkout's experiments/
 os.environ["WORKBENCH_EXPERIMENTS"] = tempfile.mkdtemp(prefix="workbench-test-experiments-")
 
+import workbench  # noqa: E402, F401  (before any test module imports numpy: see workbench.blas_env)
+
 
 @pytest.fixture(scope="session")
 def default_model():

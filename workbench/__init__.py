@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from . import blas_env  # noqa: F401  (before numpy loads OpenBLAS: see workbench.blas_env)
+
 os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")  # before numba is imported anywhere (see workbench._numba)
 
 from .models.config import ModelConfig

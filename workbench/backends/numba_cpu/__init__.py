@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from ... import blas_env
 from ..._numba import numba
 from ...hostinfo import host_cores, host_cpu_name
 from ...models.model import Model
@@ -105,6 +107,13 @@ class CpuBackend(Backend):
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
+        if blas_env.SPINNING:
+            warnings.warn(
+                "numpy was imported before workbench, so OpenBLAS keeps its default thread spin (~0.1 s after "
+                "each BLAS call): the cpu backend's first decode steps after a prefill run slower. Import "
+                "workbench first, or set OPENBLAS_THREAD_TIMEOUT=4 in the environment.",
+                stacklevel=2,
+            )
         act_quant = self.tunable("act_quant", act_quant)
         fused = self.tunable("fused", fused)
         gemv_max_rows = self.tunable("gemv_max_rows", gemv_max_rows)
@@ -223,6 +232,7 @@ class CpuBackend(Backend):
                 "q6_k_as_i8": self.q6_k_as_i8,
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
+                "openblas_thread_timeout": blas_env.thread_timeout(),
                 "profile": "host",
                 **getattr(self, "jit", {}),
             },

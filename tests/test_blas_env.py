@@ -1,0 +1,52 @@
+"""OpenBLAS threads are told to sleep after their work (workbench.blas_env), and the cpu backend says when not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny import write_tiny_gguf
+
+import workbench as wb
+from workbench import blas_env
+from workbench.backends import make_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python(code: str, **env: str) -> list[str]:
+    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, cwd=ROOT, capture_output=True,
+                          text=True, check=True, timeout=120)  # fmt: skip
+    return done.stdout.split()
+
+
+def test_importing_workbench_first_sets_the_timeout():
+    out = _python("import os, workbench; from workbench import blas_env as b; "
+                  "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], b.SPINNING, b.thread_timeout())")  # fmt: skip
+    assert out == ["4", "False", "4"]
+
+
+def test_numpy_imported_first_is_reported():
+    out = _python(
+        "import numpy, workbench; from workbench import blas_env as b; print(b.SPINNING, b.thread_timeout())"
+    )
+    assert out[:2] == ["True", "28"]
+
+
+def test_a_value_the_user_set_is_kept():
+    out = _python(
+        "import os, workbench; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])", OPENBLAS_THREAD_TIMEOUT="12"
+    )
+    assert out == ["12"]
+
+
+def test_cpu_backend_warns_when_openblas_spins(tmp_path, monkeypatch):
+    model = wb.load(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    monkeypatch.setattr(blas_env, "SPINNING", True)
+    with pytest.warns(UserWarning, match="OPENBLAS_THREAD_TIMEOUT=4"):
+        backend = make_backend("cpu", model, threads=1)
+    assert backend.device.details["openblas_thread_timeout"].startswith("28")

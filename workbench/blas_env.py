@@ -1,0 +1,28 @@
+"""OpenBLAS worker threads told to sleep right after their work (``OPENBLAS_THREAD_TIMEOUT``).
+
+By default they busy-wait 2^28 cycles (~0.1 s) after every BLAS call. The cpu backend prefills with BLAS
+GEMMs and decodes with its own numba threads, so on a small host the spinning BLAS threads take the cores
+from the first decode steps after each prefill: measured on a 2-core Zen 1 host, the first 1-3 steps took
+30-136 ms instead of ~16 ms, and `bench -g 32` decode read 51-54 instead of 59-63 tok/s. With 2^4 cycles
+they sleep at once; prefill speed was unchanged (571-616 against 576-634 ms for 128 tokens).
+
+OpenBLAS reads the variable when it loads, with numpy: this module is imported before numpy (first thing in
+``workbench/__init__``). A value the user set is kept. ``SPINNING`` says whether the default spin applies in
+this process (numpy was imported first, without the variable): the cpu backend then warns.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TIMEOUT_LOG2_CYCLES = "4"  # OpenBLAS's minimum
+SPINNING = "numpy" in sys.modules and "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", TIMEOUT_LOG2_CYCLES)
+
+
+def thread_timeout() -> str:
+    """The spin OpenBLAS uses in this process, for reports: log2 of cycles, and where it came from."""
+    if SPINNING:
+        return "28 (OpenBLAS default: numpy was imported before workbench)"
+    return os.environ["OPENBLAS_THREAD_TIMEOUT"]
