@@ -308,27 +308,39 @@ def _kquant_body(high_bits: bool):
     return codegen
 
 
+def _scaled_by_16(r: _Row, unit: int, d_off: int, sc_off: int, superblock) -> ir.Value:
+    """The loop over 256-value superblocks of ``unit`` bytes whose every 16 values have an int8 scale (16 at
+    ``sc_off``) under an fp16 ``d`` (at ``d_off``): Q6_K and Q6_K_I8. Per superblock the 16 scales times d
+    times their block's activation scale are converted once into a table on the stack, then
+    ``superblock(base, x0, scale)`` accumulates the values (``x0``: the superblock's first 32-value block,
+    ``scale``: a float pointer to the table)."""
+    b = r.b
+    stack = cgutils.alloca_once(b, vt(F32, 16))
+    dup = _const_vec(I32, [i // 2 for i in range(16)])
+    with cgutils.for_range(b, r.n) as loop:
+        u = loop.index
+        base = b.gep(r.w, [b.mul(u, ir.Constant(I64, unit))])
+        for off in range(0, unit, 64):
+            _prefetch(b, base, PREFETCH_AHEAD + off)
+        x0 = b.mul(u, ir.Constant(I64, 8))
+        d = _half(b, base, d_off)
+        sc = b.sitofp(b.sext(_load(b, base, sc_off, vt(I8, 16)), vt(I32, 16)), vt(F32, 16))
+        xd = r.vec8(r.xd, x0)
+        b.store(
+            b.fmul(b.fmul(sc, _splat(b, d, 16), flags=FAST), b.shuffle_vector(xd, xd, dup), flags=FAST), stack
+        )
+        superblock(base, x0, b.bitcast(stack, ptr(F32)))
+    return r.result()
+
+
 def _q6_k_body(r: _Row) -> ir.Value:
     """Q6_K: per half h (128 values) ql bytes 64h..64h+63, qh bytes 128+32h..; value l of group k (0-3) has
     the low nibble (k < 2) or high nibble (k >= 2) of ql[l + 32 (k % 2)] and bits 2k, 2k + 1 of qh[l]; 16
     int8 scales (bytes 192-207), one per 16 values; d at 208. Each 16 values are built as signed bytes
     (value - 32), widened and summed under their own scale."""
     b = r.b
-    stack = cgutils.alloca_once(b, vt(F32, 16))
-    dup = _const_vec(I32, [i // 2 for i in range(16)])
-    with cgutils.for_range(b, r.n) as loop:
-        u = loop.index
-        base = b.gep(r.w, [b.mul(u, ir.Constant(I64, 210))])
-        for off in range(0, 210, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
-        x0 = b.mul(u, ir.Constant(I64, 8))
-        d = _half(b, base, 208)
-        sc = b.sitofp(b.sext(_load(b, base, 192, vt(I8, 16)), vt(I32, 16)), vt(F32, 16))
-        xd = r.vec8(r.xd, x0)
-        b.store(
-            b.fmul(b.fmul(sc, _splat(b, d, 16), flags=FAST), b.shuffle_vector(xd, xd, dup), flags=FAST), stack
-        )
-        scale = b.bitcast(stack, ptr(F32))
+
+    def superblock(base, x0, scale):
         for h in range(2):
             for half in range(2):  # values l = 16 half .. 16 half + 15 of each group
                 ql = [_load(b, base, 64 * h + 32 * i + 16 * half, vt(I8, 16)) for i in range(2)]
@@ -349,7 +361,8 @@ def _q6_k_body(r: _Row) -> ir.Value:
                         for q in range(2)
                     ]  # fmt: skip
                     r.add(k, _sum(b, parts), b.load(b.gep(scale, [ir.Constant(I64, 2 * g + half)])))
-    return r.result()
+
+    return _scaled_by_16(r, 210, 208, 192, superblock)
 
 
 def _q6_k_i8_body(r: _Row) -> ir.Value:
@@ -358,21 +371,8 @@ def _q6_k_i8_body(r: _Row) -> ir.Value:
     activation scale, converted once per superblock): 6.6 against 17.3 TSC cycles per 32 values of Q6_K
     (one thread, rows in L2; measured under a load average of ~1.5)."""
     b = r.b
-    stack = cgutils.alloca_once(b, vt(F32, 16))
-    dup = _const_vec(I32, [i // 2 for i in range(16)])
-    with cgutils.for_range(b, r.n) as loop:
-        u = loop.index
-        base = b.gep(r.w, [b.mul(u, ir.Constant(I64, Q6_K_I8_BYTES))])
-        for off in range(0, Q6_K_I8_BYTES, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
-        x0 = b.mul(u, ir.Constant(I64, 8))
-        d = _half(b, base, 0)
-        sc = b.sitofp(b.sext(_load(b, base, 2, vt(I8, 16)), vt(I32, 16)), vt(F32, 16))
-        xd = r.vec8(r.xd, x0)
-        b.store(
-            b.fmul(b.fmul(sc, _splat(b, d, 16), flags=FAST), b.shuffle_vector(xd, xd, dup), flags=FAST), stack
-        )
-        scale = b.bitcast(stack, ptr(F32))
+
+    def superblock(base, x0, scale):
         for g in range(8):
             blk = b.add(x0, ir.Constant(I64, g))
             parts = [_madd(b, _wide(b, _load(b, base, 18 + 32 * g + 8 * q, vt(I8, 8)), True), r.x(blk, q))
@@ -380,7 +380,8 @@ def _q6_k_i8_body(r: _Row) -> ir.Value:
             for half in range(2):
                 s = b.load(b.gep(scale, [ir.Constant(I64, 2 * g + half)]))
                 r.add(2 * g + half, _sum(b, parts[2 * half : 2 * half + 2]), s)
-    return r.result()
+
+    return _scaled_by_16(r, Q6_K_I8_BYTES, 0, 2, superblock)
 
 
 # body and whether it subtracts offsets or mins, per GGML type or repacked layout

@@ -16,6 +16,7 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from ...quant.formats import GGMLType
+from .matvec import _tasks
 from .simd import (
     F32,
     I64,
@@ -141,11 +142,6 @@ def _rows(fmt, w, n_units, r0, r1, x, out):  # pragma: no cover - compiled
                 rows_q6_k_i8(*args)
             else:
                 rows_q6_k(*args)
-
-
-@njit(cache=True)
-def _tasks(n_rows, rpt):  # pragma: no cover - compiled
-    return (n_rows + rpt - 1) // rpt
 
 
 @njit(parallel=True, cache=True)

@@ -21,7 +21,8 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from ...quant.formats import GGMLType
-from .rows import ROWS, _strict_hsum, _tasks
+from .matvec import _tasks
+from .rows import ROWS, _strict_hsum
 from .simd import (
     F32,
     I16,
