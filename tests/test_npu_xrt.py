@@ -63,14 +63,20 @@ def test_missing_pyxrt_is_a_clear_error(tmp_path, monkeypatch):
         xrt.XrtKernel(tmp_path / "final.xclbin", tmp_path / "insts.bin")
 
 
-def test_xrt_kernel_follows_the_pyxrt_sequence(tmp_path, monkeypatch):
+def _rmsnorm_kernel(tmp_path, monkeypatch):
+    """A 2 x 64 rmsnorm design's files and an XrtKernel of them on the test-only pyxrt stand-in:
+    (the stand-in, the schedule, the kernel)."""
     fake = FakeXrt()
     monkeypatch.setitem(sys.modules, "pyxrt", fake.module())
     s = plan_rowwise(get_array("npu1"), "rmsnorm", 2, 64)
     (tmp_path / "final.xclbin").write_bytes(XCLBIN_MAGIC)
     (tmp_path / "insts.bin").write_bytes(np.arange(4, dtype="<u4").tobytes())
     fake.register(tmp_path / "final.xclbin", s, 1e-6, 1.0)
-    k = xrt.XrtKernel(tmp_path / "final.xclbin", tmp_path / "insts.bin")
+    return fake, s, xrt.XrtKernel(tmp_path / "final.xclbin", tmp_path / "insts.bin")
+
+
+def test_xrt_kernel_follows_the_pyxrt_sequence(tmp_path, monkeypatch):
+    fake, s, k = _rmsnorm_kernel(tmp_path, monkeypatch)
     x = RNG.standard_normal((2, 64)).astype(np.float32)
     w = np.ones(64, np.float32)
     rows = hostside.rowwise_rows(s) * 64
@@ -105,13 +111,7 @@ def test_npu_backend_xrt_mode_says_what_is_missing(tmp_path):
 
 def test_resident_inputs_are_copied_once_per_array(tmp_path, monkeypatch):
     """A weight passed as resident gets its own buffer, written once; a new array gets another one."""
-    fake = FakeXrt()
-    monkeypatch.setitem(sys.modules, "pyxrt", fake.module())
-    s = plan_rowwise(get_array("npu1"), "rmsnorm", 2, 64)
-    (tmp_path / "final.xclbin").write_bytes(XCLBIN_MAGIC)
-    (tmp_path / "insts.bin").write_bytes(np.arange(4, dtype="<u4").tobytes())
-    fake.register(tmp_path / "final.xclbin", s, 1e-6, 1.0)
-    k = xrt.XrtKernel(tmp_path / "final.xclbin", tmp_path / "insts.bin")
+    fake, s, k = _rmsnorm_kernel(tmp_path, monkeypatch)
     x = hostside.pack_rows(s, RNG.standard_normal((2, 64)))
     w1, w2 = hostside.bf16_bits(np.ones(64)), hostside.bf16_bits(np.full(64, 2.0))
     rows = [((hostside.rowwise_rows(s) * 64,), np.uint16)]

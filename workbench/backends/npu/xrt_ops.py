@@ -64,10 +64,16 @@ class XrtOps:
         self.measured_s += seconds
         return result, seconds
 
-    def _packed_weight(self, s: Schedule, name: str, w: np.ndarray, shift: int | None = None) -> np.ndarray:
+    def _packed_weight(self, s: Schedule, name: str, weight: Any) -> np.ndarray:
+        """The weight ``name`` (NPU format, see :meth:`matmul`) packed for ``s``'s design: converted and packed
+        on its first use by that design only."""
         key = (name, artifacts(s, self.root).name)
         packed = self._weights.get(key)
         if packed is None:
+            if s.dtype_in == "bf16":
+                w, shift = hostside.bf16_bits(weight), None
+            else:
+                w, shift = weight[0].astype(np.int8), weight[2]  # the kernel reads the shift from B
             if s.op == "gemv":
                 packed = hostside.pack_gemv_weight(s, w)
             else:
@@ -79,16 +85,15 @@ class XrtOps:
         """``x @ W.T`` for the weight ``name`` in NPU format (bf16 values, or int8 values + row scales +
         shift as the emulator holds it)."""
         rows, n_pad = x.shape[0], s.tile["N_pad"]
+        w = self._packed_weight(s, name, weight)
         if s.dtype_in == "bf16":
-            w = self._packed_weight(s, name, hostside.bf16_bits(weight))
             if s.op == "gemv":
                 y, seconds = self._run(s, [w, hostside.bf16_bits(x[0])], (n_pad, np.float32), weight=0)
             else:
                 a = hostside.pack_gemm_rows(s, hostside.bf16_bits(x))
                 y, seconds = self._run(s, [a, w], (s.tile["M_pad"] * n_pad, np.float32), weight=1)
             return hostside.unpack_matmul(s, y, rows), seconds
-        wq, w_scale, shift = weight
-        w = self._packed_weight(s, name, wq.astype(np.int8), shift)  # the kernel reads the shift from B
+        _, w_scale, shift = weight
         xq, x_scale = quantize_rows_i8(x)
         a = hostside.pack_gemm_rows(s, xq)
         c, seconds = self._run(s, [a, w], (s.tile["M_pad"] * n_pad, np.int16), weight=1)
