@@ -94,6 +94,49 @@ void row_sums(inout float v[NT], uint r_local) {
     barrier();
 }
 
+// Tokens padded to a power of two (the halving levels of scatter_sums).
+uint padded_tokens() { return NT > 4u ? 8u : NT > 2u ? 4u : NT; }
+
+// True when scatter_sums applies: several tokens and at least padded_tokens() lanes of a row in a subgroup.
+bool scatter_fits() { return NT > 1u && min(ROW_THREADS, gl_SubgroupSize) >= padded_tokens(); }
+
+// Row sums of several tokens by recursive halving: at each of the first log2(padded tokens) levels a lane
+// sends half of its tokens' partial sums to its partner and keeps the other half, then one value is left per
+// lane and a butterfly finishes (8 tokens over 32 lanes: 9 shuffles instead of 8 x 5). Returns the row's sum
+// of token `tok` (set here), which every lane of the row holds for its own `tok`; above the subgroup size the
+// subgroups' sums meet in shared memory (lanes below padded_tokens() hold the results there).
+float scatter_sums(float v[NT], uint r_local, uint lane, out uint tok) {
+    float w[8];
+    [[unroll]] for (uint t = 0u; t < 8u; ++t) w[t] = 0.0;
+    [[unroll]] for (uint t = 0u; t < NT; ++t) w[t] = v[t];
+    uint np = padded_tokens(), off = 1u;
+    tok = 0u;
+    [[unroll]] for (uint level = 0u; level < 3u; ++level) {
+        uint h = 4u >> level;
+        if (np > h) {
+            bool up = (lane & off) != 0u;
+            [[unroll]] for (uint i = 0u; i < h; ++i) {
+                float send = up ? w[i] : w[i + h], keep = up ? w[i + h] : w[i];
+                w[i] = keep + subgroupShuffleXor(send, off);
+            }
+            tok |= up ? h : 0u;
+            off <<= 1;
+        }
+    }
+    for (; off < min(ROW_THREADS, gl_SubgroupSize); off <<= 1) w[0] += subgroupShuffleXor(w[0], off);
+    if (ROW_THREADS <= gl_SubgroupSize) return w[0];
+    uint nsg = WG / gl_SubgroupSize, sg_lane = lane % gl_SubgroupSize;
+    if (sg_lane < np) red[tok * nsg + gl_SubgroupID] = w[0];
+    barrier();
+    float tot = 0.0;
+    if (lane < np) {
+        uint per = ROW_THREADS / gl_SubgroupSize;
+        for (uint i = 0u; i < per; ++i) tot += red[tok * nsg + r_local * per + i];
+    }
+    barrier();
+    return tot;
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint r_local = tid / ROW_THREADS, lane = tid % ROW_THREADS;
@@ -166,11 +209,20 @@ void main() {
         }
     }
     [[unroll]] for (uint j = 0u; j < RB; ++j) {
+        uint row = row_base + j * ROWS;
+        if (scatter_fits()) {
+            uint tok;
+            float s = scatter_sums(acc[j], r_local, lane, tok);
+#ifdef GELU_PAIR
+            s = gelu_tanh(s) * scatter_sums(acc2[j], r_local, lane, tok);
+#endif
+            if (lane < padded_tokens() && tok < NT && row < pc.N) Y_STORE[pc.y_off + tok * pc.y_stride + pc.row0 + row] = s;
+            continue;
+        }
         row_sums(acc[j], r_local);
 #ifdef GELU_PAIR
         row_sums(acc2[j], r_local);
 #endif
-        uint row = row_base + j * ROWS;
         for (uint t = 0u; t < NT; ++t) {
             float s = acc[j][t];
 #ifdef GELU_PAIR

@@ -208,6 +208,24 @@ def test_tunables_keep_results(tiny, tune):
     compare(tiny, TOKENS[:10], tune=tune)
 
 
+@pytest.mark.parametrize(
+    "tune, rt, rb",
+    [
+        ("matvec.row_block_batch=3,matvec.row_threads_batch=4", 4, 3),  # fewer lanes than tokens: butterflies
+        ("matvec.row_block_batch=8,matvec.wg=64", 8, 8),  # threads per row from K (64 columns: 8)
+        ("matvec.row_threads_batch=32", 32, 1),  # rows wider than a subgroup: sums meet in shared memory
+        ("matvec.batch_chunks=4", 2, 1),
+    ],
+)
+@pytest.mark.parametrize("n", [2, 5, 8])
+def test_batched_matvec_layouts_keep_results(tiny, tune, rt, rb, n):
+    """Steps of 2..8 tokens (the matvec path): threads per row, rows per thread group (rows past the end
+    included) and the token sums (halving across lanes, or per token) all equal the reference."""
+    ev = compare(tiny, TOKENS[:n], decode=1, tune=tune)
+    specs = [dict(d.spec) for p in ev.backend.programs.values() for d in p.dispatches if "NORM" in d.defines]
+    assert any(sp[1] == rt and sp[2] == n and sp[4] == rb for sp in specs)
+
+
 def test_fp16_matvec_variant(tmp_path):
     """fp16 products in the decode matvec (shaderFloat16): logits within fp16 rounding of the reference."""
     from workbench.backends.vulkan.device import list_devices

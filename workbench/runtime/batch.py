@@ -29,18 +29,21 @@ class SeqChunk:
     tokens: Sequence[int]
     logits: str | Sequence[int] = "last"
 
-    def rows(self) -> np.ndarray:
+    def rows(self) -> list[int]:
+        """The chunk's logit rows, ascending indices into ``tokens``."""
         n = len(self.tokens)
         if isinstance(self.logits, str):
-            if self.logits not in ("last", "all", "none"):
-                raise ValueError(f"logits must be 'last', 'all', 'none' or row indices, got {self.logits!r}")
-            return {"last": np.array([n - 1]), "all": np.arange(n), "none": np.zeros(0)}[self.logits].astype(
-                np.int32
-            )
+            if self.logits == "last":
+                return [n - 1]
+            if self.logits == "all":
+                return list(range(n))
+            if self.logits == "none":
+                return []
+            raise ValueError(f"logits must be 'last', 'all', 'none' or row indices, got {self.logits!r}")
         rows = np.unique(np.asarray(self.logits, dtype=np.int64))
         if len(rows) and (rows.min() < 0 or rows.max() >= n):
             raise ValueError(f"logit rows must be indices in 0..{n - 1}, got {list(self.logits)}")
-        return rows.astype(np.int32)
+        return rows.tolist()
 
 
 def build_step(chunks: Sequence[SeqChunk], phase: str | None = None) -> tuple[Step, list[slice]]:
@@ -65,7 +68,7 @@ def build_step(chunks: Sequence[SeqChunk], phase: str | None = None) -> tuple[St
         positions.extend(range(first, first + n))
         rows = c.rows()
         owned.append(slice(len(logit_rows), len(logit_rows) + len(rows)))
-        logit_rows.extend((rows + start).tolist())
+        logit_rows.extend(r + start for r in rows)
         seqs.append(SeqSlice(c.seq.cache, start, start + n))
         start += n
     if not logit_rows:

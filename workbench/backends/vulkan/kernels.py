@@ -174,6 +174,8 @@ TUNABLE_NAMES = (
     *(f"{k}.{name}" for k, spec in KERNELS.items() for name, _ in spec.tunables),
     *ROW_THREAD_KEYS[1:],
     "matvec.row_block_tall",
+    "matvec.row_block_batch",
+    "matvec.batch_chunks",
     *PROGRAM_TUNABLES,
 )
 
@@ -188,8 +190,10 @@ class Tuning:
             "matvec.wg": max(256, wide),
             "matvec.row_threads": 4 * wide,
             "matvec.row_threads_tall": min(16, wide),
-            "matvec.row_threads_batch": 2 * wide,  # steps of 2..8 tokens (H100 sweep: 64 best)
+            "matvec.row_threads_batch": 0,  # steps of 2..8 tokens; 0: from K and matvec.batch_chunks
+            "matvec.batch_chunks": 1,  # 8-column chunks per thread in steps of 2..8 tokens (sets the above)
             "matvec.row_block_tall": 4,  # rows per thread group of the LM head in steps of 2..8 tokens
+            "matvec.row_block_batch": 1,  # rows per thread group of the other weights in steps of 2..8 tokens
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
@@ -235,7 +239,7 @@ class Tuning:
         for key, val in v.items():
             if key in SWITCHES and val not in (0, 1):
                 errors.append(f"{key}={val} must be 0 or 1")
-            elif val < 1 and key not in SWITCHES:
+            elif val < 1 and key not in SWITCHES and key != "matvec.row_threads_batch":
                 errors.append(f"{key}={val} must be positive")
             if key.endswith(".wg") and (val > f.max_invocations or val > f.max_workgroup_size[0]):
                 errors.append(
@@ -245,7 +249,9 @@ class Tuning:
                 errors.append(f"{key}={val} is not a multiple of the subgroup size {sg}")
         for key in ROW_THREAD_KEYS:
             rt = v[key]
-            if rt & (rt - 1) or (rt > sg and rt % sg) or v["matvec.wg"] % rt:
+            if rt == 0 and key == "matvec.row_threads_batch":
+                continue  # chosen per weight from its width
+            if rt < 0 or rt & (rt - 1) or (rt > sg and rt % sg) or v["matvec.wg"] % rt:
                 errors.append(
                     f"{key}={rt} must be a power of two, a multiple of the subgroup size {sg} when "
                     "larger than it, and divide matvec.wg"
@@ -273,12 +279,24 @@ class Tuning:
             errors.append("matvec.fp16=1 needs shaderFloat16, which this device lacks")
         if v["argmax.wg"] & (v["argmax.wg"] - 1):
             errors.append("argmax.wg must be a power of two")
-        if not 1 <= v["matvec.row_block_tall"] <= 8:
-            errors.append("matvec.row_block_tall must be 1..8")
+        for key in ("matvec.row_block_tall", "matvec.row_block_batch"):
+            if not 1 <= v[key] <= 8:
+                errors.append(f"{key} must be 1..8")
         if not 1 <= v["matvec.max_tokens"] <= 8:
             errors.append("matvec.max_tokens must be 1..8")
         if errors:
             raise ValueError("vulkan backend: invalid tunables: " + "; ".join(errors))
+
+
+def batch_row_threads(v: dict[str, int], k: int) -> int:
+    """Threads per row of the matvec in steps of 2..8 tokens for a weight of ``k`` columns: the tunable where
+    set, else the largest power of two with ``matvec.batch_chunks`` 8-column chunks per thread (more threads
+    for wider rows: an 8-token step is latency bound, and H100 measurements favoured 64 threads for 640
+    columns and more for 1024 and 2048), at most ``matvec.wg``."""
+    if v["matvec.row_threads_batch"]:
+        return v["matvec.row_threads_batch"]
+    lanes = max(k // (8 * v["matvec.batch_chunks"]), 1)
+    return min(1 << (lanes.bit_length() - 1), v["matvec.wg"])
 
 
 def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:

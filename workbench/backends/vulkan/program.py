@@ -17,7 +17,7 @@ import numpy as np
 
 from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
-from .kernels import KERNELS, KV_SEQS, coop_tile
+from .kernels import KERNELS, KV_SEQS, batch_row_threads, coop_tile
 from .memory import Buffer
 
 if TYPE_CHECKING:
@@ -160,9 +160,11 @@ class Builder:
             defines += ["POST_NORM_ADD"] if post else []
             defines += ["F16_MATH"] if b.tuning["matvec.fp16"] else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
-            rt = b.tuning["matvec.row_threads_tall" if tall else "matvec.row_threads_batch" if t > 1 else
-                          "matvec.row_threads"]  # fmt: skip
-            rb = b.tuning["matvec.row_block_tall"] if tall and t > 1 else 1
+            if tall:
+                rt = b.tuning["matvec.row_threads_tall"]
+            else:
+                rt = batch_row_threads(b.tuning.values, k) if t > 1 else b.tuning["matvec.row_threads"]
+            rb = b.tuning["matvec.row_block_tall" if tall else "matvec.row_block_batch"] if t > 1 else 1
             rows_per_wg = b.tuning["matvec.wg"] // rt * rb
             gx, gy = split_groups(-(-part.rows // rows_per_wg))
             reads, writes = ([x, res], [y, out, counter]) if post else ([x], [y])
