@@ -53,6 +53,7 @@ layout(constant_id = 3) const uint KC = 8;  // columns of the weight (a constant
 layout(constant_id = 4) const uint RB = 1;  // rows per group of ROW_THREADS threads
 #define MAX_T 8
 const uint ROWS = WG / ROW_THREADS;  // row groups per workgroup
+const uint TAIL_REG = 4u;  // strides of the post-norm tail whose loads stay in registers
 
 layout(push_constant) uniform PC {
     uvec4 pl;
@@ -100,12 +101,13 @@ uint padded_tokens() { return NT > 4u ? 8u : NT > 2u ? 4u : NT; }
 // True when scatter_sums applies: several tokens and at least padded_tokens() lanes of a row in a subgroup.
 bool scatter_fits() { return NT > 1u && min(ROW_THREADS, gl_SubgroupSize) >= padded_tokens(); }
 
-// Row sums of several tokens by recursive halving: at each of the first log2(padded tokens) levels a lane
-// sends half of its tokens' partial sums to its partner and keeps the other half, then one value is left per
-// lane and a butterfly finishes (8 tokens over 32 lanes: 9 shuffles instead of 8 x 5). Returns the row's sum
-// of token `tok` (set here), which every lane of the row holds for its own `tok`; above the subgroup size the
-// subgroups' sums meet in shared memory (lanes below padded_tokens() hold the results there).
-float scatter_sums(float v[NT], uint r_local, uint lane, out uint tok) {
+// Sums of several tokens' values over `width` threads (group `group` of the workgroup; `lane` < width) by
+// recursive halving: at each of the first log2(padded tokens) levels a lane sends half of its tokens' partial
+// sums to its partner and keeps the other half, then one value is left per lane and a butterfly finishes
+// (8 tokens over 32 lanes: 9 shuffles instead of 8 x 5). Returns the sum of token `tok` (set here), which
+// every lane holds for its own `tok`; above the subgroup size the subgroups' sums meet in shared memory
+// (lanes below padded_tokens() hold the results there).
+float scatter_sums(float v[NT], uint width, uint group, uint lane, out uint tok) {
     float w[8];
     [[unroll]] for (uint t = 0u; t < 8u; ++t) w[t] = 0.0;
     [[unroll]] for (uint t = 0u; t < NT; ++t) w[t] = v[t];
@@ -123,15 +125,15 @@ float scatter_sums(float v[NT], uint r_local, uint lane, out uint tok) {
             off <<= 1;
         }
     }
-    for (; off < min(ROW_THREADS, gl_SubgroupSize); off <<= 1) w[0] += subgroupShuffleXor(w[0], off);
-    if (ROW_THREADS <= gl_SubgroupSize) return w[0];
+    for (; off < min(width, gl_SubgroupSize); off <<= 1) w[0] += subgroupShuffleXor(w[0], off);
+    if (width <= gl_SubgroupSize) return w[0];
     uint nsg = WG / gl_SubgroupSize, sg_lane = lane % gl_SubgroupSize;
     if (sg_lane < np) red[tok * nsg + gl_SubgroupID] = w[0];
     barrier();
     float tot = 0.0;
     if (lane < np) {
-        uint per = ROW_THREADS / gl_SubgroupSize;
-        for (uint i = 0u; i < per; ++i) tot += red[tok * nsg + r_local * per + i];
+        uint per = width / gl_SubgroupSize;
+        for (uint i = 0u; i < per; ++i) tot += red[tok * nsg + group * per + i];
     }
     barrier();
     return tot;
@@ -212,9 +214,9 @@ void main() {
         uint row = row_base + j * ROWS;
         if (scatter_fits()) {
             uint tok;
-            float s = scatter_sums(acc[j], r_local, lane, tok);
+            float s = scatter_sums(acc[j], ROW_THREADS, r_local, lane, tok);
 #ifdef GELU_PAIR
-            s = gelu_tanh(s) * scatter_sums(acc2[j], r_local, lane, tok);
+            s = gelu_tanh(s) * scatter_sums(acc2[j], ROW_THREADS, r_local, lane, tok);
 #endif
             if (lane < padded_tokens() && tok < NT && row < pc.N) Y_STORE[pc.y_off + tok * pc.y_stride + pc.row0 + row] = s;
             continue;
@@ -241,33 +243,46 @@ void main() {
     barrier();
     if (!last_wg) return;
     memoryBarrierBuffer();
-    float ss[NT];  // the post-norm of every token in one pass
+    // the post-norm of every token in one pass. Every load (y and the residual, for the first TAIL_REG
+    // strides kept in registers) comes before any store: the arena's bindings alias, so a store would
+    // otherwise order later loads after it (one memory round trip each)
+    float ss[NT], yv[TAIL_REG][NT], rv[TAIL_REG][NT];
     [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = 0.0;
-    for (uint i = tid; i < pc.N; i += WG)
+    [[unroll]] for (uint it = 0u; it < TAIL_REG; ++it) {
+        uint i = tid + it * WG;
+        [[unroll]] for (uint t = 0u; t < NT; ++t) {
+            yv[it][t] = i < pc.N ? actc[pc.y_off + t * pc.y_stride + i] : 0.0;
+            rv[it][t] = i < pc.N ? act[pc.r_off + t * pc.r_stride + i] : 0.0;
+            ss[t] += yv[it][t] * yv[it][t];
+        }
+    }
+    for (uint i = tid + TAIL_REG * WG; i < pc.N; i += WG)
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             float v = actc[pc.y_off + t * pc.y_stride + i];
             ss[t] += v * v;
         }
-    [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = subgroupAdd(ss[t]);
-    if (subgroupElect())
-        [[unroll]] for (uint t = 0u; t < NT; ++t) red[t * gl_NumSubgroups + gl_SubgroupID] = ss[t];
+    uint tok;
+    float tot = scatter_sums(ss, WG, 0u, tid, tok);
+    if (tid < padded_tokens() && tok < NT) inv_rms[tok] = 1.0 / sqrt(tot / float(pc.N) + pc.peps);
     barrier();
     float inv[NT];
-    [[unroll]] for (uint t = 0u; t < NT; ++t) {
-        float tot = 0.0;
-        for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[t * gl_NumSubgroups + i];
-        inv[t] = 1.0 / sqrt(tot / float(pc.N) + pc.peps);
+    [[unroll]] for (uint t = 0u; t < NT; ++t) inv[t] = inv_rms[t];
+    [[unroll]] for (uint it = 0u; it < TAIL_REG; ++it) {
+        uint i = tid + it * WG;
+        if (i < pc.N) {
+            float pw = smalls[pc.pw_off + i];
+            [[unroll]] for (uint t = 0u; t < NT; ++t)
+                actc[pc.o_off + t * pc.o_stride + i] = rv[it][t] + yv[it][t] * inv[t] * pw;
+        }
     }
-    // every token's loads before any store: the arena's bindings alias, so a store would otherwise order the
-    // next token's loads after it (one memory round trip per token)
-    for (uint i = tid; i < pc.N; i += WG) {
-        float rv[NT], yv[NT];
+    for (uint i = tid + TAIL_REG * WG; i < pc.N; i += WG) {
+        float r[NT], y[NT];
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            rv[t] = act[pc.r_off + t * pc.r_stride + i];
-            yv[t] = actc[pc.y_off + t * pc.y_stride + i];
+            r[t] = act[pc.r_off + t * pc.r_stride + i];
+            y[t] = actc[pc.y_off + t * pc.y_stride + i];
         }
         float pw = smalls[pc.pw_off + i];
-        [[unroll]] for (uint t = 0u; t < NT; ++t) actc[pc.o_off + t * pc.o_stride + i] = rv[t] + yv[t] * inv[t] * pw;
+        [[unroll]] for (uint t = 0u; t < NT; ++t) actc[pc.o_off + t * pc.o_stride + i] = r[t] + y[t] * inv[t] * pw;
     }
 #endif
 }

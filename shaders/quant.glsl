@@ -11,8 +11,11 @@
 
 #ifndef QUANT_HELPERS
 #define QUANT_HELPERS
-uint byte_of(uvec2 w, uint i) { return (w[i >> 2] >> ((i & 3u) * 8u)) & 0xFFu; }
 float half_at(uint word, uint which) { return unpackHalf2x16(word)[which]; }
+// the 4 unsigned bytes of a word as floats
+vec4 bytes4(uint w) { return vec4(uvec4(w, w >> 8, w >> 16, w >> 24) & 0xFFu); }
+// bits 0..3 of x to bit 4 of bytes 0..3 (the multiply puts copies of x 7 bits apart: bit k lands on bit 8k)
+uint bit4_per_byte(uint x) { return (((x & 0xFu) * 0x204081u) & 0x01010101u) << 4; }
 // 8 signed bytes (two words) times a scale
 void i8x8(uint w0, uint w1, float d, out vec4 lo, out vec4 hi) {
     int a = int(w0), b = int(w1);
@@ -43,55 +46,44 @@ void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
 #elif defined(FMT_Q5_0)
     uint blk = e / 32u, o = e % 32u;
     uint qb = pl.x + (blk * 16u + (o & 15u)) / 4u;
-    uvec2 q = uvec2(WBUF[qb], WBUF[qb + 1]);
     uint sh = o >= 16u ? 4u : 0u;
-    uint qh = WBUF[pl.y + blk] >> o;
+    uint qh = WBUF[pl.y + blk] >> o;  // the fifth bits of columns o..o+7 in bits 0..7
     float d = half_at(WBUF[pl.z + blk / 2u], blk & 1u);
-    float v[8];
-    for (uint i = 0u; i < 8u; ++i) {
-        v[i] = float(int(((byte_of(q, i) >> sh) & 0xFu) | (((qh >> i) & 1u) << 4)) - 16);
-    }
-    lo = d * vec4(v[0], v[1], v[2], v[3]);
-    hi = d * vec4(v[4], v[5], v[6], v[7]);
+    uint n0 = ((WBUF[qb] >> sh) & 0x0F0F0F0Fu) | bit4_per_byte(qh);  // four 5-bit values per word
+    uint n1 = ((WBUF[qb + 1] >> sh) & 0x0F0F0F0Fu) | bit4_per_byte(qh >> 4);
+    lo = d * (bytes4(n0) - 16.0);
+    hi = d * (bytes4(n1) - 16.0);
 #elif defined(FMT_Q4_K)
     uint sb = e / 256u, r = e % 256u, sub = r / 32u;
     uint qb = pl.x + (sb * 128u + (r / 64u) * 32u + (r % 32u)) / 4u;
-    uvec2 q = uvec2(WBUF[qb], WBUF[qb + 1]);
     uint sh = (sub & 1u) * 4u;
     uint s0 = WBUF[pl.y + sb * 3u], s1 = WBUF[pl.y + sb * 3u + 1u], s2 = WBUF[pl.y + sb * 3u + 2u];
-    uvec4 sa = uvec4(s0 & 0xFFu, (s0 >> 8) & 0xFFu, (s0 >> 16) & 0xFFu, s0 >> 24);
-    uvec4 sbb = uvec4(s1 & 0xFFu, (s1 >> 8) & 0xFFu, (s1 >> 16) & 0xFFu, s1 >> 24);
-    uvec4 sc8 = uvec4(s2 & 0xFFu, (s2 >> 8) & 0xFFu, (s2 >> 16) & 0xFFu, s2 >> 24);
-    uint scale, mn;
+    uint scale, mn;  // 6-bit scale and min of the sub-block (llama.cpp's get_scale_min_k4 packing)
     if (sub < 4u) {
-        scale = sa[sub] & 63u;
-        mn = sbb[sub] & 63u;
+        scale = bitfieldExtract(s0, int(8u * sub), 6);
+        mn = bitfieldExtract(s1, int(8u * sub), 6);
     } else {
-        scale = (sc8[sub - 4u] & 0xFu) | ((sa[sub - 4u] >> 6) << 4);
-        mn = (sc8[sub - 4u] >> 4) | ((sbb[sub - 4u] >> 6) << 4);
+        int j = int(8u * (sub - 4u));
+        scale = bitfieldExtract(s2, j, 4) | (bitfieldExtract(s0, j + 6, 2) << 4);
+        mn = bitfieldExtract(s2, j + 4, 4) | (bitfieldExtract(s1, j + 6, 2) << 4);
     }
     vec2 dm = unpackHalf2x16(WBUF[pl.z + sb]);
     float d = dm.x * float(scale), m = dm.y * float(mn);
-    float v[8];
-    for (uint i = 0u; i < 8u; ++i) v[i] = float((byte_of(q, i) >> sh) & 0xFu);
-    lo = d * vec4(v[0], v[1], v[2], v[3]) - m;
-    hi = d * vec4(v[4], v[5], v[6], v[7]) - m;
+    lo = d * bytes4((WBUF[qb] >> sh) & 0x0F0F0F0Fu) - m;
+    hi = d * bytes4((WBUF[qb + 1] >> sh) & 0x0F0F0F0Fu) - m;
 #elif defined(FMT_Q6_K)
     uint sb = e / 256u, r = e % 256u, h = r / 128u, rr = r % 128u, qd = rr / 32u, l = rr % 32u;
     uint lb = pl.x + (sb * 128u + h * 64u + (qd & 1u) * 32u + l) / 4u;
     uint hb = pl.y + (sb * 64u + h * 32u + l) / 4u;
-    uvec2 ql = uvec2(WBUF[lb], WBUF[lb + 1]);
-    uvec2 qh = uvec2(WBUF[hb], WBUF[hb + 1]);
     uint lsh = (qd >> 1) * 4u, hsh = qd * 2u;
     uint si = sb * 16u + h * 8u + l / 16u + qd * 2u;
     int sc = bitfieldExtract(int(WBUF[pl.z + si / 4u]), int((si & 3u) * 8u), 8);
     float d = half_at(WBUF[pl.w + sb / 2u], sb & 1u) * float(sc);
-    float v[8];
-    for (uint i = 0u; i < 8u; ++i) {
-        v[i] = float(int(((byte_of(ql, i) >> lsh) & 0xFu) | (((byte_of(qh, i) >> hsh) & 3u) << 4)) - 32);
-    }
-    lo = d * vec4(v[0], v[1], v[2], v[3]);
-    hi = d * vec4(v[4], v[5], v[6], v[7]);
+    // four 6-bit values per word: low nibbles from ql, the two high bits from qh
+    uint n0 = ((WBUF[lb] >> lsh) & 0x0F0F0F0Fu) | (((WBUF[hb] >> hsh) & 0x03030303u) << 4);
+    uint n1 = ((WBUF[lb + 1] >> lsh) & 0x0F0F0F0Fu) | (((WBUF[hb + 1] >> hsh) & 0x03030303u) << 4);
+    lo = d * (bytes4(n0) - 32.0);
+    hi = d * (bytes4(n1) - 32.0);
 #elif defined(FMT_I8)
     uint b = pl.x + e / 4u;
     i8x8(WBUF[b], WBUF[b + 1], uintBitsToFloat(WBUF[pl.y + row]), lo, hi);
@@ -99,7 +91,6 @@ void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
     const uint HALF = I4_GROUP / 2u;
     uint col = 8u * c, g = col / I4_GROUP, o = col % I4_GROUP;
     uint byte0 = row * (K / 2u) + g * HALF + (o % HALF);
-    uvec2 q = uvec2(WBUF[pl.x + byte0 / 4u], WBUF[pl.x + byte0 / 4u + 1u]);
     uint sh = o >= HALF ? 4u : 0u;
     uint gi = row * (K / I4_GROUP) + g;
     float d = half_at(WBUF[pl.y + gi / 2u], gi & 1u);
@@ -108,10 +99,9 @@ void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
 #else
     float z = 8.0;
 #endif
-    float v[8];
-    for (uint i = 0u; i < 8u; ++i) v[i] = float((byte_of(q, i) >> sh) & 0xFu) - z;
-    lo = d * vec4(v[0], v[1], v[2], v[3]);
-    hi = d * vec4(v[4], v[5], v[6], v[7]);
+    uint qw = pl.x + byte0 / 4u;
+    lo = d * (bytes4((WBUF[qw] >> sh) & 0x0F0F0F0Fu) - z);
+    hi = d * (bytes4((WBUF[qw + 1u] >> sh) & 0x0F0F0F0Fu) - z);
 #else
 #error "no weight format defined (FMT_F32, FMT_F16, FMT_BF16, FMT_Q8_0, FMT_Q5_0, FMT_Q4_K, FMT_Q6_K)"
 #endif

@@ -59,17 +59,25 @@ def build_step(chunks: Sequence[SeqChunk], phase: str | None = None) -> tuple[St
     tokens, positions, logit_rows, seqs, owned = [], [], [], [], []
     start = 0
     for c in chunks:
-        n = len(c.tokens)
+        n, cache = len(c.tokens), c.seq.cache
         if n == 0:
             raise ValueError("every sequence in a step needs at least one token")
-        c.seq.cache.check_room(n)
-        first = c.seq.cache.length
-        tokens.extend(int(t) for t in c.tokens)
-        positions.extend(range(first, first + n))
-        rows = c.rows()
-        owned.append(slice(len(logit_rows), len(logit_rows) + len(rows)))
-        logit_rows.extend(r + start for r in rows)
-        seqs.append(SeqSlice(c.seq.cache, start, start + n))
+        cache.check_room(n)
+        first = cache.length
+        if (
+            n == 1 and isinstance(c.logits, str) and c.logits == "last"
+        ):  # a decode token (the common case, kept cheap)
+            tokens.append(int(c.tokens[0]))
+            positions.append(first)
+            owned.append(slice(len(logit_rows), len(logit_rows) + 1))
+            logit_rows.append(start)
+        else:
+            tokens.extend(int(t) for t in c.tokens)
+            positions.extend(range(first, first + n))
+            rows = c.rows()
+            owned.append(slice(len(logit_rows), len(logit_rows) + len(rows)))
+            logit_rows.extend(r + start for r in rows)
+        seqs.append(SeqSlice(cache, start, start + n))
         start += n
     if not logit_rows:
         logit_rows = [start - 1]
