@@ -27,6 +27,11 @@ float dot8(vec4 a, vec4 b, vec4 c, vec4 d) {
 float dot8(vec4 a, vec4 b, vec4 c, vec4 d) { return dot(a, b) + dot(c, d); }
 #endif
 #include "common.glsl"
+#if defined(NORM) && !defined(F16_MATH)
+// the norm weight multiplies the weights (once per row and chunk) and inv_rms the row sums (once per token),
+// instead of both multiplying every token's activations (fp16 products keep normalized activations)
+#define FOLD_NORM
+#endif
 #ifdef POST_NORM_ADD
 layout(binding = 1) coherent buffer ArenaC { float actc[]; };
 layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
@@ -53,7 +58,6 @@ layout(constant_id = 3) const uint KC = 8;  // columns of the weight (a constant
 layout(constant_id = 4) const uint RB = 1;  // rows per group of ROW_THREADS threads
 #define MAX_T 8
 const uint ROWS = WG / ROW_THREADS;  // row groups per workgroup
-const uint TAIL_REG = 4u;  // strides of the post-norm tail whose loads stay in registers
 
 layout(push_constant) uniform PC {
     uvec4 pl;
@@ -139,12 +143,24 @@ float scatter_sums(float v[NT], uint width, uint group, uint lane, out uint tok)
     return tot;
 }
 
+// A row's output for token t from its sums (s2: the second weight's, under GELU_PAIR).
+float row_output(float s, float s2, uint t) {
+#ifdef FOLD_NORM
+    s *= inv_rms[t];
+    s2 *= inv_rms[t];
+#endif
+#ifdef GELU_PAIR
+    s = gelu_tanh(s) * s2;
+#endif
+    return s;
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint r_local = tid / ROW_THREADS, lane = tid % ROW_THREADS;
     uint row_base = flat_group() * ROWS * RB + r_local;  // rows row_base + j * ROWS, j < RB
 #ifdef NORM
-    {  // inv_rms of every token in one pass (one barrier pair)
+    {  // inv_rms of every token in one pass
         float ss[NT];
         [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = 0.0;
         for (uint k = tid; k < KC; k += WG)
@@ -152,15 +168,9 @@ void main() {
                 float v = act[pc.x_off + t * pc.x_stride + k];
                 ss[t] += v * v;
             }
-        [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = subgroupAdd(ss[t]);
-        if (subgroupElect())
-            [[unroll]] for (uint t = 0u; t < NT; ++t) red[t * gl_NumSubgroups + gl_SubgroupID] = ss[t];
-        barrier();
-        if (tid < NT) {
-            float tot = 0.0;
-            for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[tid * gl_NumSubgroups + i];
-            inv_rms[tid] = 1.0 / sqrt(tot / float(KC) + pc.eps);
-        }
+        uint tok;
+        float tot = scatter_sums(ss, WG, 0u, tid, tok);
+        if (tid < padded_tokens() && tok < NT) inv_rms[tok] = 1.0 / sqrt(tot / float(KC) + pc.eps);
         barrier();
     }
 #endif
@@ -194,10 +204,20 @@ void main() {
             vec4 nlo = vec4(smalls[nb], smalls[nb + 1], smalls[nb + 2], smalls[nb + 3]);
             vec4 nhi = vec4(smalls[nb + 4], smalls[nb + 5], smalls[nb + 6], smalls[nb + 7]);
 #endif
+#ifdef FOLD_NORM
+            [[unroll]] for (uint j = 0u; j < RB; ++j) {
+                wl[j] *= nlo;
+                wh[j] *= nhi;
+#ifdef GELU_PAIR
+                wl2[j] *= nlo;
+                wh2[j] *= nhi;
+#endif
+            }
+#endif
             [[unroll]] for (uint t = 0u; t < NT; ++t) {
                 uint xb = (pc.x_off + t * pc.x_stride) / 4u + 2u * c;
                 vec4 xl = act4[xb], xh = act4[xb + 1u];
-#ifdef NORM
+#if defined(NORM) && !defined(FOLD_NORM)
                 xl = (xl * inv_rms[t]) * nlo;
                 xh = (xh * inv_rms[t]) * nhi;
 #endif
@@ -214,10 +234,11 @@ void main() {
         uint row = row_base + j * ROWS;
         if (scatter_fits()) {
             uint tok;
-            float s = scatter_sums(acc[j], ROW_THREADS, r_local, lane, tok);
+            float s = scatter_sums(acc[j], ROW_THREADS, r_local, lane, tok), s2 = 0.0;
 #ifdef GELU_PAIR
-            s = gelu_tanh(s) * scatter_sums(acc2[j], ROW_THREADS, r_local, lane, tok);
+            s2 = scatter_sums(acc2[j], ROW_THREADS, r_local, lane, tok);
 #endif
+            s = row_output(s, s2, tok);
             if (lane < padded_tokens() && tok < NT && row < pc.N) Y_STORE[pc.y_off + tok * pc.y_stride + pc.row0 + row] = s;
             continue;
         }
@@ -226,10 +247,11 @@ void main() {
         row_sums(acc2[j], r_local);
 #endif
         for (uint t = 0u; t < NT; ++t) {
-            float s = acc[j][t];
+            float s2 = 0.0;
 #ifdef GELU_PAIR
-            s = gelu_tanh(s) * acc2[j][t];
+            s2 = acc2[j][t];
 #endif
+            float s = row_output(acc[j][t], s2, t);
             if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
         }
     }
@@ -243,20 +265,9 @@ void main() {
     barrier();
     if (!last_wg) return;
     memoryBarrierBuffer();
-    // the post-norm of every token in one pass. Every load (y and the residual, for the first TAIL_REG
-    // strides kept in registers) comes before any store: the arena's bindings alias, so a store would
-    // otherwise order later loads after it (one memory round trip each)
-    float ss[NT], yv[TAIL_REG][NT], rv[TAIL_REG][NT];
+    float ss[NT];  // the post-norm of every token in one pass
     [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = 0.0;
-    [[unroll]] for (uint it = 0u; it < TAIL_REG; ++it) {
-        uint i = tid + it * WG;
-        [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            yv[it][t] = i < pc.N ? actc[pc.y_off + t * pc.y_stride + i] : 0.0;
-            rv[it][t] = i < pc.N ? act[pc.r_off + t * pc.r_stride + i] : 0.0;
-            ss[t] += yv[it][t] * yv[it][t];
-        }
-    }
-    for (uint i = tid + TAIL_REG * WG; i < pc.N; i += WG)
+    for (uint i = tid; i < pc.N; i += WG)
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
             float v = actc[pc.y_off + t * pc.y_stride + i];
             ss[t] += v * v;
@@ -267,22 +278,16 @@ void main() {
     barrier();
     float inv[NT];
     [[unroll]] for (uint t = 0u; t < NT; ++t) inv[t] = inv_rms[t];
-    [[unroll]] for (uint it = 0u; it < TAIL_REG; ++it) {
-        uint i = tid + it * WG;
-        if (i < pc.N) {
-            float pw = smalls[pc.pw_off + i];
-            [[unroll]] for (uint t = 0u; t < NT; ++t)
-                actc[pc.o_off + t * pc.o_stride + i] = rv[it][t] + yv[it][t] * inv[t] * pw;
-        }
-    }
-    for (uint i = tid + TAIL_REG * WG; i < pc.N; i += WG) {
-        float r[NT], y[NT];
+    // every token's loads before any store: the arena's bindings alias, so a store would otherwise order the
+    // next token's loads after it (one memory round trip per token)
+    for (uint i = tid; i < pc.N; i += WG) {
+        float rv[NT], yv[NT];
         [[unroll]] for (uint t = 0u; t < NT; ++t) {
-            r[t] = act[pc.r_off + t * pc.r_stride + i];
-            y[t] = actc[pc.y_off + t * pc.y_stride + i];
+            rv[t] = act[pc.r_off + t * pc.r_stride + i];
+            yv[t] = actc[pc.y_off + t * pc.y_stride + i];
         }
         float pw = smalls[pc.pw_off + i];
-        [[unroll]] for (uint t = 0u; t < NT; ++t) actc[pc.o_off + t * pc.o_stride + i] = r[t] + y[t] * inv[t] * pw;
+        [[unroll]] for (uint t = 0u; t < NT; ++t) actc[pc.o_off + t * pc.o_stride + i] = rv[t] + yv[t] * inv[t] * pw;
     }
 #endif
 }
