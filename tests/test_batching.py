@@ -207,3 +207,15 @@ def test_decode_sweep_warms_each_size_for_the_asked_time(tiny_model, monkeypatch
     calls.clear()
     batching.decode_sweep(engine, [1, 2], 4, 3, 1, warmups=0, warmup_s=10.0)
     assert len(calls) == 2  # the repeats only
+
+
+@pytest.mark.parametrize("bad", [-1, 10**6])
+def test_out_of_range_tokens_in_a_batched_step_are_rejected(tiny_model, bad):
+    """Token ids are checked before any work, in decode-sized steps and in long ones, and the caches keep their
+    lengths."""
+    eng = wb.Engine(tiny_model, "numpy")
+    seqs = [eng.new_sequence(128) for _ in range(3)]
+    for tokens in ([[1], [bad], [2]], [[1, 2], list(range(1, 70)) + [bad], [3]]):
+        with pytest.raises(ValueError, match="token ids must be in"):
+            forward_batch(eng, [SeqChunk(s, t) for s, t in zip(seqs, tokens, strict=True)])
+        assert [s.cache.length for s in seqs] == [0, 0, 0]

@@ -110,5 +110,8 @@ def greedy_batch(engine: Engine, chunks: Sequence[SeqChunk]) -> list[int]:
     step, _ = build_step(chunks)
     tokens = engine.run_step(step, greedy="rows")
     for c in chunks:
-        c.seq.tokens.extend(int(t) for t in c.tokens)
-    return [int(t) for t in tokens]
+        if len(c.tokens) == 1:
+            c.seq.tokens.append(int(c.tokens[0]))
+        else:
+            c.seq.tokens.extend(int(t) for t in c.tokens)
+    return np.asarray(tokens).tolist()

@@ -229,8 +229,9 @@ class VulkanBackend(Backend):
         self._last_untimed = None if timed else prog
         if observer is not None:
             self._report(graph, step, prog, observer, t0, wall, timed)
+        positions = step.positions.tolist()
         for sl, cache in zip(step.seqs, caches):
-            cache.length = int(step.positions[sl.stop - 1]) + 1
+            cache.length = positions[sl.stop - 1] + 1
         if self.dev.validation:
             self.dev.check_validation()
         return prog

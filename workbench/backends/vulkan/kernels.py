@@ -288,15 +288,17 @@ class Tuning:
             raise ValueError("vulkan backend: invalid tunables: " + "; ".join(errors))
 
 
-def batch_row_threads(v: dict[str, int], k: int) -> int:
+def batch_row_threads(v: dict[str, int], k: int, pair: bool = False) -> int:
     """Threads per row of the matvec in steps of 2..8 tokens for a weight of ``k`` columns: the tunable where
-    set, else the largest power of two with ``matvec.batch_chunks`` 8-column chunks per thread (more threads
-    for wider rows: an 8-token step is latency bound, and H100 measurements favoured 64 threads for 640
-    columns and more for 1024 and 2048), at most ``matvec.wg``."""
+    set, else enough threads for ``matvec.batch_chunks`` 8-column chunks each (the power of two at or above
+    that count; for a fused gate/up pair, with two weights' work per chunk, the one at or below), at most
+    ``matvec.wg``. An 8-token step is latency bound: on an H100, 640 columns ran best with 128 threads alone
+    and 64 as a pair, 1024 and 2048 columns with 128 and 256."""
     if v["matvec.row_threads_batch"]:
         return v["matvec.row_threads_batch"]
     lanes = max(k // (8 * v["matvec.batch_chunks"]), 1)
-    return min(1 << (lanes.bit_length() - 1), v["matvec.wg"])
+    below = 1 << (lanes.bit_length() - 1)
+    return min(below if pair or below == lanes else 2 * below, v["matvec.wg"])
 
 
 def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:

@@ -163,7 +163,11 @@ class Builder:
             if tall:
                 rt = b.tuning["matvec.row_threads_tall"]
             else:
-                rt = batch_row_threads(b.tuning.values, k) if t > 1 else b.tuning["matvec.row_threads"]
+                rt = (
+                    batch_row_threads(b.tuning.values, k, w2 is not None)
+                    if t > 1
+                    else b.tuning["matvec.row_threads"]
+                )
             rb = b.tuning["matvec.row_block_tall" if tall else "matvec.row_block_batch"] if t > 1 else 1
             rows_per_wg = b.tuning["matvec.wg"] // rt * rb
             gx, gy = split_groups(-(-part.rows // rows_per_wg))
