@@ -215,7 +215,7 @@ def test_out_of_range_tokens_in_a_batched_step_are_rejected(tiny_model, bad):
     lengths."""
     eng = wb.Engine(tiny_model, "numpy")
     seqs = [eng.new_sequence(128) for _ in range(3)]
-    for tokens in ([[1], [bad], [2]], [[1, 2], list(range(1, 70)) + [bad], [3]]):
+    for tokens in ([[1], [bad], [2]], [[1, 2], [*range(1, 70), bad], [3]]):
         with pytest.raises(ValueError, match="token ids must be in"):
             forward_batch(eng, [SeqChunk(s, t) for s, t in zip(seqs, tokens, strict=True)])
         assert [s.cache.length for s in seqs] == [0, 0, 0]

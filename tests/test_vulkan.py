@@ -215,7 +215,12 @@ def test_tunables_keep_results(tiny, tune):
         ("matvec.row_block_batch=8,matvec.wg=64", 8, 8),  # threads per row from K (64 columns: 8)
         ("matvec.row_threads_batch=32", 32, 1),  # rows wider than a subgroup: sums meet in shared memory
         ("matvec.batch_chunks=4", 2, 1),
-        ("matvec.wg=8", 8, 1),  # one workgroup smaller than the rows (the post-norm tail loops)
+        ("matvec.wg=8", 8, 1),
+        (
+            "matvec.wg_tall=32,matvec.norm_rows=64",
+            8,
+            1,
+        ),  # the LM head in smaller workgroups  # one workgroup smaller than the rows (the post-norm tail loops)
     ],
 )
 @pytest.mark.parametrize("n", [2, 5, 8])
@@ -242,6 +247,7 @@ def test_fp16_matvec_variant(tmp_path):
     "tune, words",
     [
         ("matvec.wg=100", "not a multiple of the subgroup size"),
+        ("matvec.wg_tall=64,matvec.row_threads_tall=128", "must divide matvec.wg_tall"),
         ("matvec.row_threads=3", "power of two"),
         ("matmul.tm=9", "exceeds 8"),
         ("matvec.wg=100000", "invocations"),

@@ -176,6 +176,7 @@ TUNABLE_NAMES = (
     "matvec.row_block_tall",
     "matvec.row_block_batch",
     "matvec.batch_chunks",
+    "matvec.wg_tall",
     *PROGRAM_TUNABLES,
 )
 
@@ -194,6 +195,7 @@ class Tuning:
             "matvec.batch_chunks": 1,  # 8-column chunks per thread in steps of 2..8 tokens (sets the above)
             "matvec.row_block_tall": 4,  # rows per thread group of the LM head in steps of 2..8 tokens
             "matvec.row_block_batch": 1,  # rows per thread group of the other weights in steps of 2..8 tokens
+            "matvec.wg_tall": 0,  # workgroup size of the LM head's matvec (0: matvec.wg)
             "matmul.wg": 256,
             "matmul.wg_m": 16,
             "matmul.tm": 4,
@@ -221,6 +223,8 @@ class Tuning:
                 self.values[key] = int(text)
             except ValueError:
                 raise ValueError(f"vulkan backend: tunable {key}={text!r} is not an integer") from None
+        if not self.values["matvec.wg_tall"]:
+            self.values["matvec.wg_tall"] = self.values["matvec.wg"]
         for key in ROW_THREAD_KEYS:
             if key not in (overrides or {}):  # defaults follow a smaller matvec.wg
                 self.values[key] = min(self.values[key], self.values["matvec.wg"])
@@ -239,14 +243,20 @@ class Tuning:
         for key, val in v.items():
             if key in SWITCHES and val not in (0, 1):
                 errors.append(f"{key}={val} must be 0 or 1")
-            elif val < 1 and key not in SWITCHES and key != "matvec.row_threads_batch":
+            elif (
+                val < 1 and key not in SWITCHES and key not in ("matvec.row_threads_batch", "matvec.wg_tall")
+            ):
                 errors.append(f"{key}={val} must be positive")
-            if key.endswith(".wg") and (val > f.max_invocations or val > f.max_workgroup_size[0]):
+            if key.endswith((".wg", ".wg_tall")) and (
+                val > f.max_invocations or val > f.max_workgroup_size[0]
+            ):
                 errors.append(
                     f"{key}={val} exceeds the device's {f.max_invocations} invocations per workgroup"
                 )
-            if key.endswith(".wg") and val % sg:
+            if key.endswith((".wg", ".wg_tall")) and val % sg:
                 errors.append(f"{key}={val} is not a multiple of the subgroup size {sg}")
+        if v["matvec.wg_tall"] % v["matvec.row_threads_tall"]:
+            errors.append("matvec.row_threads_tall must divide matvec.wg_tall")
         for key in ROW_THREAD_KEYS:
             rt = v[key]
             if rt == 0 and key == "matvec.row_threads_batch":

@@ -162,17 +162,16 @@ class Builder:
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
             if tall:
                 rt = b.tuning["matvec.row_threads_tall"]
+            elif t > 1:
+                rt = batch_row_threads(b.tuning.values, k, w2 is not None)
             else:
-                rt = (
-                    batch_row_threads(b.tuning.values, k, w2 is not None)
-                    if t > 1
-                    else b.tuning["matvec.row_threads"]
-                )
+                rt = b.tuning["matvec.row_threads"]
             rb = b.tuning["matvec.row_block_tall" if tall else "matvec.row_block_batch"] if t > 1 else 1
-            rows_per_wg = b.tuning["matvec.wg"] // rt * rb
-            gx, gy = split_groups(-(-part.rows // rows_per_wg))
+            wg = b.tuning["matvec.wg_tall" if tall else "matvec.wg"]
+            gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
             reads, writes = ([x, res], [y, out, counter]) if post else ([x], [y])
-            self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, [(1, rt), (2, t), (3, k), (4, rb)],
+            spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
+            self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
