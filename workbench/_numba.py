@@ -29,7 +29,8 @@ def _kernel_digest() -> str:
     h = hashlib.blake2b(digest_size=8)
     for f in sorted([Path(__file__), *(here / "backends").rglob("*.py")]):
         h.update(f.read_bytes())
-    h.update(f"{numba.__version__}|{os.environ.get('NUMBA_SLP_VECTORIZE')}".encode())
+    env = "|".join(os.environ.get(v, "") for v in ("NUMBA_SLP_VECTORIZE", "WORKBENCH_CPU_KERNELS"))
+    h.update(f"{numba.__version__}|{env}".encode())
     return h.hexdigest()
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from llvmlite import binding as llvm
 from threadpoolctl import ThreadpoolController
 
 from ... import blas_env
@@ -102,7 +103,7 @@ class CpuBackend(Backend):
         rows_per_task: int = mv.ROWS_PER_TASK,
         batch_rows: int = 16,
         batch_min_rows: int = 9,
-        q5_0_as_q8_0: bool = True,
+        q5_0_as_q8_0: bool | None = None,
         q6_k_as_i8: bool = True,
         tune: str | None = None,
     ):
@@ -139,7 +140,11 @@ class CpuBackend(Backend):
         self.batch_min_rows = self.tunable("batch_min_rows", batch_min_rows)
         # Q5_0 weights converted at load to Q8_0 blocks of the same values (workbench.quant.repack): 55% more
         # bytes, but on AVX2 hosts a Q8_0 block computes in ~2/3 of a Q5_0 block's time (its fifth bits
-        # cost a third of the work), and decode's Q5_0 projections are compute-bound
+        # cost a third of the work), and decode's Q5_0 projections are compute-bound. Default: on, except
+        # with the 512-bit kernels (dotwide.py), whose Q5_0 rows ran as fast as the repacked ones (2-core
+        # Zen 5: ffn_gate 0.47 vs 0.51 ms a token, decode 160 vs 158 tok/s) for 23 MB less to read and hold
+        if q5_0_as_q8_0 is None:
+            q5_0_as_q8_0 = not mv.WIDE
         self.q5_0_as_q8_0 = self.tunable("q5_0_as_q8_0", q5_0_as_q8_0)
         # Q6_K weights repacked at load with their codes as int8 (Q6_K_I8): 30% more bytes, the bit planes
         # no longer rebuilt per token; measured (scripts/kernel_bench.py, 2 threads, load 0.55) on the
@@ -230,6 +235,8 @@ class CpuBackend(Backend):
                 "batch_rows": [self.batch_min_rows, self.batch_rows],
                 "q5_0_as_q8_0": self.q5_0_as_q8_0,
                 "q6_k_as_i8": self.q6_k_as_i8,
+                "decode_kernels": "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit",
+                "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
                 "openblas_thread_timeout": blas_env.thread_timeout(),

@@ -15,6 +15,7 @@ from numba.extending import intrinsic
 from ..._numba import numba
 from ...quant.formats import GGMLType
 from .dot16 import make_dot_i16
+from .dotwide import make_dot_i16_wide, use_wide_kernels
 from .simd import DECODERS, Q6_K_I8, REPACKED, make_dequant, make_dot_f32
 
 njit, prange = numba.njit, numba.prange
@@ -28,8 +29,10 @@ QUANT_TYPES = frozenset(DECODERS)
 QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES) | frozenset(REPACKED)
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-i16_q8_0, i16_q4_0, i16_q5_0, i16_q4_k, i16_q5_k, i16_q6_k = (
-    make_dot_i16(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
+WIDE = use_wide_kernels()  # AVX-512BW hosts: Q8_0, Q5_0 and Q4_K rows in 512-bit operations (dotwide.py)
+i16_q4_0, i16_q5_k, i16_q6_k = (make_dot_i16(GGMLType(t)) for t in (Q4_0, Q5_K, Q6_K))
+i16_q8_0, i16_q5_0, i16_q4_k = (
+    (make_dot_i16_wide if WIDE else make_dot_i16)(GGMLType(t)) for t in (Q8_0, Q5_0, Q4_K)
 )
 f32_q8_0, f32_q4_0, f32_q5_0, f32_q4_k, f32_q5_k, f32_q6_k = (
     make_dot_f32(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)

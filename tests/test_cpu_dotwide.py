@@ -1,0 +1,85 @@
+"""The 512-bit decode kernels (dotwide.py) against the reference and the 128-bit kernels, on any host (LLVM
+lowers their 512-bit vectors to what the host has)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench._numba import numba
+from workbench.backends.numba_cpu import dotwide
+from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu.dot16 import make_dot_i16
+from workbench.models.synth import random_blocks
+from workbench.quant.dequant import dequantize
+from workbench.quant.formats import GGMLType
+
+WIDE_TYPES = [GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q4_K]
+DOTS = {t: (make_dot_i16(t), dotwide.make_dot_i16_wide(t)) for t in WIDE_TYPES}
+
+
+def _rows_kernel(narrow, wide):
+    @numba.njit
+    def rows(raw, n_units, xq, xd, xs, out):  # pragma: no cover - compiled
+        rb = raw.shape[1]
+        for n in range(raw.shape[0]):
+            a = raw.ctypes.data + n * rb
+            out[0, n] = narrow(a, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, n_units)
+            out[1, n] = wide(a, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, n_units)
+
+    return rows
+
+
+KERNELS = {t: _rows_kernel(*DOTS[t]) for t in WIDE_TYPES}
+
+
+def _check(qtype: GGMLType, raw: np.ndarray, cols: int, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    w = dequantize(raw, qtype).reshape(raw.shape[0], cols)
+    xq = np.empty(x.shape, np.int16)
+    xd = np.empty((1, cols // 32), np.float32)
+    xs = np.empty_like(xd)
+    mv.quantize_rows_i16(x, 32767, xq, xd, xs)
+    out = np.empty((2, raw.shape[0]), np.float32)
+    KERNELS[qtype](raw, mv.units(qtype, cols), xq, xd, xs, out)
+    want = (x @ w.T)[0]
+    scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
+    assert np.abs(out[1] - want).max() <= 2e-4 * scale  # the wide kernel against the reference
+    assert np.abs(out[1] - out[0]).max() <= 2e-6 * scale  # and the 128-bit kernel: only summation order
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    qtype=st.sampled_from(WIDE_TYPES),
+    rows=st.integers(1, 40),
+    units=st.integers(1, 21),  # one-scale formats: groups of 8 blocks, then single blocks
+    seed=st.integers(0, 2**31),
+)
+def test_wide_dot_random_blocks(qtype, rows, units, seed):
+    rng = np.random.default_rng(seed)
+    cols = units * mv.DECODERS[qtype].unit_values
+    _check(qtype, random_blocks(qtype, rows, cols, rng), cols, rng)
+
+
+def test_wide_dot_real_tensors(default_model):
+    rng = np.random.default_rng(1)
+    seen = set()
+    for qt in default_model.weights.values():
+        if qt.type in WIDE_TYPES and qt.type not in seen and len(qt.shape) == 2:
+            seen.add(qt.type)
+            _check(qt.type, qt.raw[:200], qt.cols, rng)
+    assert seen == set(WIDE_TYPES)
+
+
+@pytest.mark.parametrize(("value", "wide"), [("wide", True), ("narrow", False), (" Narrow ", False)])
+def test_kernel_choice_from_environment(monkeypatch, value, wide):
+    monkeypatch.setenv(dotwide.KERNELS_ENV, value)
+    assert dotwide.use_wide_kernels() is wide
+
+
+def test_bad_kernel_choice_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(dotwide.KERNELS_ENV, "avx9")
+    with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be 'wide' or 'narrow'"):
+        dotwide.use_wide_kernels()
