@@ -34,6 +34,13 @@ def test_bench_json_and_record():
     assert rec["results"]["ours"]["decode_tok_s"]["n"] == 2
     assert os.path.exists(os.path.join(out["record"], "ops.parquet"))
     assert "decode_overhead_share" in out["profile"]["steps"]
+    bb = out["ours"]["bandwidth_bound"]  # host backends: decode against the bandwidth of each repeat
+    assert bb["bytes_per_token"] > 0 and len(bb["samples"]["stream_read_gbs"]) == 2
+    want = [
+        d * bb["bytes_per_token"] / (g * 1e9)
+        for d, g in zip(out["ours"]["samples"]["decode_tok_s"], bb["samples"]["stream_read_gbs"], strict=True)
+    ]
+    assert bb["samples"]["fraction"] == pytest.approx(want)
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
         f"  decode latency ms        p50 {lat['p50'] * 1e3:.2f}  p90 {lat['p90'] * 1e3:.2f}  p99 {lat['p99'] * 1e3:.2f}"
     )
     print(f"  peak RSS                 {o['peak_rss_bytes'] / 2**20:.0f} MiB")
+    if "bandwidth_bound" in o:
+        bb = o["bandwidth_bound"]
+        f, g = bb["fraction"], bb["stream_read_gbs"]
+        print(
+            f"  decode / bandwidth bound {f['median'] * 100:.1f}% [{f['lo'] * 100:.1f}, {f['hi'] * 100:.1f}] "
+            f"(host read {g['median']:.1f} GB/s, measured after each repeat; {bb['bytes_per_token'] / 1e6:.1f} MB a token)"
+        )
     if "decode_host_overhead_share" in o:
         h = o["decode_host_overhead_share"]
         print(

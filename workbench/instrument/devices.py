@@ -181,11 +181,18 @@ ALIASES = {
 }
 
 
-def _stream_read_gbs(threads: int, mb: int = 256, repeats: int = 5) -> float:
+def stream_buffer(mb: int = 256) -> np.ndarray:
+    """The array :func:`stream_read_gbs` reads (allocate once to measure repeatedly)."""
+    return np.ones(mb * 2**20 // 4, dtype=np.float32)
+
+
+def stream_read_gbs(threads: int, mb: int = 256, repeats: int = 5, arr: np.ndarray | None = None) -> float:
+    """Host streaming read bandwidth (GB/s): a numba prange sum over ``mb`` MiB (or ``arr``), best of
+    ``repeats``, on ``threads`` threads."""
     from .. import _numba
 
     nb = _numba.numba
-    arr = np.ones(mb * 2**20 // 4, dtype=np.float32)
+    arr = stream_buffer(mb) if arr is None else arr
     prev = nb.get_num_threads()
     nb.set_num_threads(threads)
     try:
@@ -247,7 +254,7 @@ def host_profile(refresh: bool = False) -> DeviceProfile:
             data = None
     if data is None:
         load = _load_per_core(cores)
-        bw = {t: _stream_read_gbs(t) for t in sorted({1, cores})}
+        bw = {t: stream_read_gbs(t) for t in sorted({1, cores})}
         data = {
             "key": key,
             "cpu": cpu,
