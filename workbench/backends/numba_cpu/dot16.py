@@ -42,6 +42,7 @@ from .simd import (
     Q6_K_I8,
     _as_ptr,
     _const_vec,
+    _f32x8,
     _half,
     _hsum,
     _load,
@@ -115,7 +116,7 @@ class _Row:
 
     def vec8(self, p: ir.Value, u: ir.Value) -> ir.Value:
         """<8 x float> at ``p[u]`` (xd or xs of 8 blocks)."""
-        return self.b.load(self.b.bitcast(self.b.gep(p, [u]), ptr(vt(F32, 8))), align=4)
+        return _f32x8(self.b, p, u)
 
     def add(self, slot: int, p: ir.Value, scale: ir.Value) -> None:
         """acc += float(p) * scale (one FMA; ``p`` <4 x i32>, ``scale`` a float, splatted)."""

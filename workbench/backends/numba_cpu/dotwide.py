@@ -38,6 +38,7 @@ from .simd import (
     _as_ptr,
     _concat,
     _const_vec,
+    _f32x8,
     _half,
     _hsum,
     _load,
@@ -57,7 +58,7 @@ GROUP = 8  # one-scale blocks whose fp16 scales are converted at once
 
 
 class _WideRow:
-    """One row's dot product: pointers, two 16-lane float accumulators and one for offsets and mins."""
+    """One row's dot product: pointers, 16-lane float accumulators and one for offsets and mins."""
 
     def __init__(self, b: ir.IRBuilder, args):
         w_a, xq_a, xd_a, xs_a, self.n = args
@@ -73,7 +74,7 @@ class _WideRow:
         return self.b.load(self.b.gep(self.xq, [block]), align=2)
 
     def vec8(self, p: ir.Value, u: ir.Value) -> ir.Value:
-        return self.b.load(self.b.bitcast(self.b.gep(p, [u]), ptr(vt(F32, 8))), align=4)
+        return _f32x8(self.b, p, u)
 
     def add(self, slot: int, w: ir.Value, block: ir.Value, scale: ir.Value) -> None:
         """acc += float(pair sums of w . x[block]) * scale (``w`` <32 x i16>, ``scale`` a float)."""
@@ -92,10 +93,6 @@ class _WideRow:
         for a in self.acc[1:]:
             total = b.fadd(total, b.load(a), flags=FAST)
         return b.fsub(_hsum(b, total), _hsum(b, b.load(self.corr)), flags=FAST)
-
-
-def _bytes(v: int, n: int = 32) -> ir.Constant:
-    return _const_vec(I8, [v if v < 128 else v - 256] * n)
 
 
 # -- one-scale 32-value blocks -------------------------------------------------------------------------

@@ -71,6 +71,11 @@ def _load(b: ir.IRBuilder, base: ir.Value, offset: int | ir.Value, t: ir.Type) -
     return b.load(p, align=1)
 
 
+def _f32x8(b: ir.IRBuilder, p: ir.Value, u: ir.Value) -> ir.Value:
+    """<8 x float> at ``p[u]`` (a float pointer: 8 blocks' activation scales or sums)."""
+    return b.load(b.bitcast(b.gep(p, [u]), ptr(vt(F32, 8))), align=4)
+
+
 def _half(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
     """The fp16 at ``offset`` as a float, converted by ``vcvtph2ps`` from a register that ``vmovd`` fills
     whole: a scalar half loaded with ``vpinsrw`` merges into a register and chains every block's scale to
