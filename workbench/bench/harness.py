@@ -129,7 +129,7 @@ class BandwidthSideBySide:
         from ..instrument.devices import stream_buffer
         from .batching import decode_step_bytes
 
-        self.threads = cfg.threads or engine.backend.threads_used() or 1
+        self.threads = cfg.threads or engine.backend.threads_used()
         self.context = cfg.prompt_tokens + cfg.gen_tokens // 2
         self.bytes = decode_step_bytes(engine.model, 1, self.context)
         self.buf = stream_buffer()

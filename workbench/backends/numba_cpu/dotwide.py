@@ -73,9 +73,6 @@ class _WideRow:
     def x(self, block: ir.Value) -> ir.Value:
         return self.b.load(self.b.gep(self.xq, [block]), align=2)
 
-    def vec8(self, p: ir.Value, u: ir.Value) -> ir.Value:
-        return _f32x8(self.b, p, u)
-
     def add(self, slot: int, w: ir.Value, block: ir.Value, scale: ir.Value) -> None:
         """acc += float(pair sums of w . x[block]) * scale (``w`` <32 x i16>, ``scale`` a float)."""
         b, acc = self.b, self.acc[slot % ACCS]
@@ -130,7 +127,7 @@ def _one_scale_body(qtype: int):
             for j in range(GROUP):
                 bits = b.insert_element(bits, _load(b, gbase, j * unit, I16), ir.Constant(I32, j))
             dw = b.fpext(b.bitcast(bits, vt(HALF, GROUP)), vt(F32, GROUP))
-            scales = b.fmul(dw, r.vec8(r.xd, u0), flags=FAST)
+            scales = b.fmul(dw, _f32x8(b, r.xd, u0), flags=FAST)
             for j in range(GROUP):
                 base, u = b.gep(gbase, [ir.Constant(I64, j * unit)]), b.add(u0, ir.Constant(I64, j))
                 r.add(j, words(b, base), u, b.extract_element(scales, ir.Constant(I32, j)))
@@ -158,10 +155,10 @@ def _q4_k_body(r: _WideRow) -> ir.Value:
             _prefetch(b, base, PREFETCH_AHEAD + off)
         x0 = b.mul(u, ir.Constant(I64, 8))
         sc, mn = _k_scales_mins(b, base)
-        xd = r.vec8(r.xd, x0)
+        xd = _f32x8(b, r.xd, x0)
         b.store(b.fmul(b.fmul(sc, _splat(b, _half(b, base, 0), 8), flags=FAST), xd, flags=FAST), table)
         mins = b.fmul(b.fmul(mn, _splat(b, _half(b, base, 2), 8), flags=FAST), xd, flags=FAST)
-        r.sub(b.fmul(mins, r.vec8(r.xs, x0), flags=FAST))
+        r.sub(b.fmul(mins, _f32x8(b, r.xs, x0), flags=FAST))
         scale = b.bitcast(table, ptr(F32))
         for c in range(4):
             w = b.zext(_load(b, base, 16 + 32 * c, vt(I8, 32)), vt(I16, 32))
