@@ -9,12 +9,18 @@ from hypothesis import strategies as st
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import rows as rk
 from workbench.backends.numba_cpu import rows16 as r16
+from workbench.backends.numba_cpu.simd import format_code
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
-from workbench.quant.repack import q6_k_to_i8
+from workbench.quant.repack import q5_0_to_x4, q6_k_to_i8
 
-FORMATS = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q6_K_I8"]
+# the cpu backend's layouts repacked at load: (GGUF type, layout id, repack)
+REPACKS = {
+    "Q6_K_I8": (GGMLType.Q6_K, mv.Q6_K_I8, q6_k_to_i8),
+    "Q5_0_X4": (GGMLType.Q5_0, mv.Q5_0_X4, q5_0_to_x4),
+}
+FORMATS = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", *REPACKS]
 _EMPTY_W, _EMPTY_O = np.zeros((0, 1), np.uint8), np.zeros((1, 0), np.float32)
 
 
@@ -47,11 +53,11 @@ def test_batched_int16_rows_match_the_weights_and_do_not_depend_on_the_batch(
     """Each row equals x @ W.T to the int16 activations' precision and the single-row int16 kernel closely,
     and a row's result is bit-identical whatever slot it takes and whatever rows run beside it."""
     rng = np.random.default_rng(seed)
-    qtype = GGMLType.Q6_K if name == "Q6_K_I8" else GGMLType[name]
-    cols = units * mv.DECODERS[qtype].unit_values
+    qtype, fmt, repack = REPACKS[name] if name in REPACKS else (GGMLType[name], int(GGMLType[name]), None)
+    n_units = units
+    cols = units * format_code(fmt).unit_values
     raw = random_blocks(qtype, rows, cols, rng)
-    fmt, data = (mv.Q6_K_I8, q6_k_to_i8(raw)) if name == "Q6_K_I8" else (int(qtype), raw)
-    n_units = mv.units(qtype, cols)
+    data = repack(raw) if repack else raw
     w = dequantize(raw, qtype).reshape(rows, cols)
     x = np.zeros((rk.pad_rows(t), cols), np.float32)
     x[:t] = rng.standard_normal((t, cols))

@@ -26,6 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
+from ...quant.repack import Q5_0_X4_BYTES
 from .dot16 import _k_scales_mins
 from .simd import (
     F32,
@@ -35,6 +36,7 @@ from .simd import (
     I16,
     I32,
     I64,
+    Q5_0_X4,
     _as_ptr,
     _concat,
     _const_vec,
@@ -169,9 +171,37 @@ def _q4_k_body(r: _WideRow) -> ir.Value:
     return r.result()
 
 
+# -- Q5_0_X4: four Q5_0 blocks regrouped at load (workbench.quant.repack) -------------------------------
+def _q5_0_x4_body(r: _WideRow) -> ir.Value:
+    """Each 32-byte nibble pair widened once (``vpmovzxbw``) and masked or shifted into two whole blocks in
+    value order (no cross-lane concatenation); nibble - 16 where a value's fifth bit (a ``kmovd`` mask) is
+    clear; the 4 scales converted at once. (Scales from a table in memory as broadcast FMA operands instead
+    of register shuffles: the same speed.)"""
+    b = r.b
+    with cgutils.for_range(b, r.n) as loop:
+        u = loop.index
+        base = b.gep(r.w, [b.mul(u, ir.Constant(I64, Q5_0_X4_BYTES))])
+        for off in (0, 64):
+            _prefetch(b, base, PREFETCH_AHEAD + off)
+        x0 = b.mul(u, ir.Constant(I64, 4))
+        dw = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
+        scales = b.fmul(dw, b.load(b.bitcast(b.gep(r.xd, [x0]), ptr(vt(F32, 4))), align=4), flags=FAST)
+        for p in range(2):
+            w = b.zext(_load(b, base, 24 + 32 * p, vt(I8, 32)), vt(I16, 32))
+            halves = (b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32)))
+            for k, nib in enumerate(halves):
+                g = 2 * p + k
+                bits = b.bitcast(_load(b, base, 8 + 4 * g, I32), vt(ir.IntType(1), 32))
+                words = b.select(bits, nib, b.or_(nib, _const_vec(I16, [-16] * 32)))
+                blk = b.add(x0, ir.Constant(I64, g))
+                r.add(g, words, blk, b.extract_element(scales, ir.Constant(I32, g)))
+    return r.result()
+
+
 BODIES: dict[int, Callable[[_WideRow], ir.Value]] = {
     **{t: _one_scale_body(t) for t in _ONE_SCALE},
     GGMLType.Q4_K: _q4_k_body,
+    Q5_0_X4: _q5_0_x4_body,
 }
 
 

@@ -16,7 +16,7 @@ from ..._numba import numba
 from ...quant.formats import GGMLType
 from .dot16 import make_dot_i16
 from .dotwide import make_dot_i16_wide, use_wide_kernels
-from .simd import DECODERS, Q6_K_I8, REPACKED, make_dequant, make_dot_f32
+from .simd import DECODERS, Q5_0_X4, Q6_K_I8, REPACKED, make_dequant, make_dot_f32
 
 njit, prange = numba.njit, numba.prange
 
@@ -41,6 +41,12 @@ dq_q8_0, dq_q4_0, dq_q5_0, dq_q4_k, dq_q5_k, dq_q6_k = (
     make_dequant(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
 )
 i16_q6_k_i8, f32_q6_k_i8, dq_q6_k_i8 = make_dot_i16(Q6_K_I8), make_dot_f32(Q6_K_I8), make_dequant(Q6_K_I8)
+# Q5_0_X4 is repacked on AVX-512BW hosts only; its 512-bit kernel compiles (and is correct) anywhere
+i16_q5_0_x4, f32_q5_0_x4, dq_q5_0_x4 = (
+    make_dot_i16_wide(Q5_0_X4),
+    make_dot_f32(Q5_0_X4),
+    make_dequant(Q5_0_X4),
+)
 
 
 def units(qtype: int, cols: int) -> int:
@@ -108,6 +114,9 @@ def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: 
         elif fmt == Q4_K:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = i16_q4_k(wa + n * rb, q, d, s, n_units)
+        elif fmt == Q5_0_X4:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = i16_q5_0_x4(wa + n * rb, q, d, s, n_units)
         elif fmt == Q6_K_I8:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = i16_q6_k_i8(wa + n * rb, q, d, s, n_units)
@@ -141,6 +150,9 @@ def _rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no co
         elif fmt == Q4_K:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = f32_q4_k(wa + n * rb, xp, s, n_units)
+        elif fmt == Q5_0_X4:
+            for n in range(r0, r1):
+                out[t, c0 + n - r0] = f32_q5_0_x4(wa + n * rb, xp, s, n_units)
         elif fmt == Q6_K_I8:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = f32_q6_k_i8(wa + n * rb, xp, s, n_units)
@@ -163,6 +175,8 @@ def _dequant(fmt, row, out, n_units):  # pragma: no cover - compiled
         dq_q5_0(row, out, n_units)
     elif fmt == Q4_K:
         dq_q4_k(row, out, n_units)
+    elif fmt == Q5_0_X4:
+        dq_q5_0_x4(row, out, n_units)
     elif fmt == Q6_K_I8:
         dq_q6_k_i8(row, out, n_units)
     elif fmt == Q6_K:

@@ -21,6 +21,7 @@ from .simd import (
     F32,
     I64,
     PREFETCH_AHEAD,
+    Q5_0_X4,
     Q6_K_I8,
     _as_ptr,
     _for_units,
@@ -116,7 +117,7 @@ _TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q
 rows_q8_0, rows_q4_0, rows_q5_0, rows_q4_k, rows_q5_k, rows_q6_k = (
     make_dot_rows_f32(t, ROWS) for t in _TYPES
 )
-rows_q6_k_i8 = make_dot_rows_f32(Q6_K_I8, ROWS)
+rows_q6_k_i8, rows_q5_0_x4 = make_dot_rows_f32(Q6_K_I8, ROWS), make_dot_rows_f32(Q5_0_X4, ROWS)
 
 
 @njit(cache=True)
@@ -140,6 +141,8 @@ def _rows(fmt, w, n_units, r0, r1, x, out):  # pragma: no cover - compiled
                 rows_q5_k(*args)
             elif fmt == Q6_K_I8:
                 rows_q6_k_i8(*args)
+            elif fmt == Q5_0_X4:
+                rows_q5_0_x4(*args)
             else:
                 rows_q6_k(*args)
 

@@ -29,6 +29,7 @@ from .simd import (
     I32,
     I64,
     PREFETCH_AHEAD,
+    Q5_0_X4,
     Q6_K_I8,
     _as_ptr,
     _const_vec,
@@ -113,8 +114,8 @@ def make_dot_rows_i16(qtype: int, n_rows: int):
 
 Q8_0, Q4_0, Q5_0, Q4_K, Q5_K = (int(t) for t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K,
                                                   GGMLType.Q5_K))  # fmt: skip
-_FMTS = (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, int(GGMLType.Q6_K), Q6_K_I8)
-i16_q8_0, i16_q4_0, i16_q5_0, i16_q4_k, i16_q5_k, i16_q6_k, i16_q6_k_i8 = (
+_FMTS = (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, int(GGMLType.Q6_K), Q6_K_I8, Q5_0_X4)
+i16_q8_0, i16_q4_0, i16_q5_0, i16_q4_k, i16_q5_k, i16_q6_k, i16_q6_k_i8, i16_q5_0_x4 = (
     make_dot_rows_i16(f, ROWS) for f in _FMTS
 )
 
@@ -137,6 +138,8 @@ def _rows(fmt, w, n_units, r0, r1, xq, xd, xs, out):  # pragma: no cover - compi
                 i16_q4_k(*args)
             elif fmt == Q6_K_I8:
                 i16_q6_k_i8(*args)
+            elif fmt == Q5_0_X4:
+                i16_q5_0_x4(*args)
             elif fmt == Q4_0:
                 i16_q4_0(*args)
             elif fmt == Q5_K:

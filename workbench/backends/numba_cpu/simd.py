@@ -25,7 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
-from ...quant.repack import Q6_K_I8_BYTES
+from ...quant.repack import Q5_0_X4_BYTES, Q5_0_X4_VALUES, Q6_K_I8_BYTES
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, HALF = ir.FloatType(), ir.HalfType()
@@ -209,6 +209,20 @@ def _q6_k_i8(b, base, u):
     return out
 
 
+def _q5_0_x4(b, base, u):
+    """Q5_0_X4 (:mod:`workbench.quant.repack`): 4 fp16 scales at 0, 4 fifth-bit words at 8, two 32-byte
+    nibble pairs at 24 (block 2p in the low nibbles of pair p, block 2p + 1 in the high ones)."""
+    out = []
+    for g in range(4):
+        d = _half(b, base, 2 * g)
+        bit = _bits_to_bytes(b, _load(b, base, 8 + 4 * g, I32))
+        lo, hi = _nibbles(b, _load(b, base, 24 + 32 * (g // 2), vt(I8, 32)))
+        offset = b.select(bit, _const_vec(I8, [0] * 32), _const_vec(I8, [-16] * 32))
+        vals = b.sext(b.add(hi if g % 2 else lo, offset), vt(I16, 32))
+        out.append(Decoded(vals, d, d, None, b.add(b.mul(u, ir.Constant(I64, 4)), ir.Constant(I64, g))))
+    return out
+
+
 @dataclass(frozen=True)
 class FormatCode:
     decode: Callable
@@ -225,8 +239,11 @@ DECODERS: dict[GGMLType, FormatCode] = {
     GGMLType.Q6_K: FormatCode(_q6_k, 210, 256),
 }
 # layouts the backend repacks GGUF blocks into at load (ids above the GGML type ids, below qformats' planar id)
-Q6_K_I8 = 900
-REPACKED: dict[int, FormatCode] = {Q6_K_I8: FormatCode(_q6_k_i8, Q6_K_I8_BYTES, 256)}
+Q6_K_I8, Q5_0_X4 = 900, 901
+REPACKED: dict[int, FormatCode] = {
+    Q6_K_I8: FormatCode(_q6_k_i8, Q6_K_I8_BYTES, 256),
+    Q5_0_X4: FormatCode(_q5_0_x4, Q5_0_X4_BYTES, Q5_0_X4_VALUES),
+}
 
 
 def format_code(fmt: int) -> FormatCode:
