@@ -38,7 +38,7 @@ def role(name: str) -> str:
 
 def layout(w) -> str:
     """The format the kernels read: the GGUF type, or the layout it was repacked into at load."""
-    return "Q6_K_I8" if w.fmt == mv.Q6_K_I8 else w.type.name
+    return {mv.Q6_K_I8: "Q6_K_I8", mv.Q5_0_X4: "Q5_0_X4"}.get(w.fmt, w.type.name)
 
 
 def groups(b: CpuBackend) -> dict[str, list]:
@@ -59,7 +59,7 @@ def groups(b: CpuBackend) -> dict[str, list]:
 def time_group(ws: list, act: str, repeats: int, rpt: int) -> tuple[float, float]:
     """Best and median seconds of one pass of the matvec over every weight of ``ws`` (one activation row)."""
     rng = np.random.default_rng(0)
-    cols = {w.n_units * mv.DECODERS[w.type].unit_values for w in ws}
+    cols = {w.cols for w in ws}
     xs = {c: rng.standard_normal((1, c)).astype(np.float32) for c in cols}
     outs = [np.empty((1, w.rows), np.float32) for w in ws]
     levels = ACT_QUANT[act]
@@ -76,7 +76,7 @@ def time_group(ws: list, act: str, repeats: int, rpt: int) -> tuple[float, float
 
     def one_pass() -> None:
         for w, o in zip(ws, outs, strict=True):
-            x, xq, xd, xsum = prepared[w.n_units * mv.DECODERS[w.type].unit_values]
+            x, xq, xd, xsum = prepared[w.cols]
             if levels:
                 mv.matvec_i16(w.fmt, w.data, w.n_units, xq, xd, xsum, o, rpt)
             else:
