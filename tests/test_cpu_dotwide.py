@@ -15,9 +15,11 @@ from workbench.backends.numba_cpu.dot16 import make_dot_i16
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
+from workbench.quant.repack import q6_k_to_i8
 
 WIDE_TYPES = [GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q4_K]
-DOTS = {t: (make_dot_i16(t), dotwide.make_dot_i16_wide(t)) for t in WIDE_TYPES}
+# kernels by layout: the GGUF types above and Q6_K_I8 (Q6_K repacked at load), which both builds have
+DOTS = {t: (make_dot_i16(t), dotwide.make_dot_i16_wide(t)) for t in [*WIDE_TYPES, mv.Q6_K_I8]}
 
 
 def _rows_kernel(narrow, wide):
@@ -32,18 +34,20 @@ def _rows_kernel(narrow, wide):
     return rows
 
 
-KERNELS = {t: _rows_kernel(*DOTS[t]) for t in WIDE_TYPES}
+KERNELS = {t: _rows_kernel(*DOTS[t]) for t in DOTS}
 
 
 def _check(qtype: GGMLType, raw: np.ndarray, cols: int, rng: np.random.Generator) -> None:
+    """The wide and narrow kernels of ``qtype`` on ``raw`` (Q6_K: of its Q6_K_I8 repacking)."""
     x = rng.standard_normal((1, cols)).astype(np.float32)
     w = dequantize(raw, qtype).reshape(raw.shape[0], cols)
+    layout, data = (mv.Q6_K_I8, q6_k_to_i8(raw)) if qtype == GGMLType.Q6_K else (qtype, raw)
     xq = np.empty(x.shape, np.int16)
     xd = np.empty((1, cols // 32), np.float32)
     xs = np.empty_like(xd)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
     out = np.empty((2, raw.shape[0]), np.float32)
-    KERNELS[qtype](raw, mv.units(qtype, cols), xq, xd, xs, out)
+    KERNELS[layout](data, mv.units(qtype, cols), xq, xd, xs, out)
     want = (x @ w.T)[0]
     scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
     assert np.abs(out[1] - want).max() <= 2e-4 * scale  # the wide kernel against the reference
@@ -52,7 +56,7 @@ def _check(qtype: GGMLType, raw: np.ndarray, cols: int, rng: np.random.Generator
 
 @settings(max_examples=12, deadline=None)
 @given(
-    qtype=st.sampled_from(WIDE_TYPES),
+    qtype=st.sampled_from([*WIDE_TYPES, GGMLType.Q6_K]),
     rows=st.integers(1, 40),
     units=st.integers(1, 21),  # one-scale formats: groups of 8 blocks, then single blocks
     seed=st.integers(0, 2**31),
@@ -67,10 +71,10 @@ def test_wide_dot_real_tensors(default_model):
     rng = np.random.default_rng(1)
     seen = set()
     for qt in default_model.weights.values():
-        if qt.type in WIDE_TYPES and qt.type not in seen and len(qt.shape) == 2:
+        if qt.type in [*WIDE_TYPES, GGMLType.Q6_K] and qt.type not in seen and len(qt.shape) == 2:
             seen.add(qt.type)
             _check(qt.type, qt.raw[:200], qt.cols, rng)
-    assert seen == set(WIDE_TYPES)
+    assert seen == {*WIDE_TYPES, GGMLType.Q6_K}
 
 
 @pytest.mark.parametrize(("value", "wide"), [("wide", True), ("narrow", False), (" Narrow ", False)])

@@ -40,7 +40,8 @@ f32_q8_0, f32_q4_0, f32_q5_0, f32_q4_k, f32_q5_k, f32_q6_k = (
 dq_q8_0, dq_q4_0, dq_q5_0, dq_q4_k, dq_q5_k, dq_q6_k = (
     make_dequant(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
 )
-i16_q6_k_i8, f32_q6_k_i8, dq_q6_k_i8 = make_dot_i16(Q6_K_I8), make_dot_f32(Q6_K_I8), make_dequant(Q6_K_I8)
+i16_q6_k_i8 = (make_dot_i16_wide if WIDE else make_dot_i16)(Q6_K_I8)
+f32_q6_k_i8, dq_q6_k_i8 = make_dot_f32(Q6_K_I8), make_dequant(Q6_K_I8)
 # Q5_0_X4 is repacked on AVX-512BW hosts only; its 512-bit kernel compiles (and is correct) anywhere
 i16_q5_0_x4, f32_q5_0_x4, dq_q5_0_x4 = (
     make_dot_i16_wide(Q5_0_X4),
