@@ -23,7 +23,8 @@ chained the superblocks (0.78 -> 0.755 ns).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from llvmlite import binding as llvm
 from llvmlite import ir
@@ -78,6 +79,17 @@ class _WideRow:
         zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
         self.acc = [cgutils.alloca_once_value(b, zero) for _ in range(ACCS)]
         self.corr = cgutils.alloca_once_value(b, ir.Constant(vt(F32, 8), [0.0] * 8))
+
+    @contextmanager
+    def units(self, unit_bytes: int, blocks: int) -> Iterator[tuple[ir.Value, ir.Value]]:
+        """The loop over the row's units of ``unit_bytes`` bytes and ``blocks`` 32-value blocks, each unit's
+        lines prefetched PREFETCH_AHEAD bytes ahead: (the unit's address, its first block's index)."""
+        b = self.b
+        with cgutils.for_range(b, self.n) as loop:
+            base = b.gep(self.w, [b.mul(loop.index, ir.Constant(I64, unit_bytes))])
+            for off in range(0, unit_bytes, 64):
+                _prefetch(b, base, PREFETCH_AHEAD + off)
+            yield base, b.mul(loop.index, ir.Constant(I64, blocks))
 
     def x(self, block: ir.Value) -> ir.Value:
         return self.b.load(self.b.gep(self.xq, [block]), align=2)
@@ -154,6 +166,12 @@ def _one_scale_body(qtype: int):
 
 
 # -- Q4_K: 256-value superblocks -----------------------------------------------------------------------
+def _nibble_words(b: ir.IRBuilder, base: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
+    """The low and the high nibbles of the 32 bytes at ``offset`` as two <32 x i16> (one ``vpmovzxbw``)."""
+    w = b.zext(_load(b, base, offset, vt(I8, 32)), vt(I16, 32))
+    return b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32))
+
+
 def _q4_k_body(r: _WideRow) -> ir.Value:
     """Chunk c's 32 bytes hold sub-block 2c in the low nibbles and 2c + 1 in the high ones: widened once
     (``vpmovzxbw``), masked and shifted into the two sub-blocks' words; the 8 scales (d x scale x the
@@ -161,12 +179,7 @@ def _q4_k_body(r: _WideRow) -> ir.Value:
     dmin x min x activation scale x sum of the sub-block's activations."""
     b = r.b
     table = cgutils.alloca_once(b, vt(F32, 8))
-    with cgutils.for_range(b, r.n) as loop:
-        u = loop.index
-        base = b.gep(r.w, [b.mul(u, ir.Constant(I64, 144))])
-        for off in range(0, 144, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
-        x0 = b.mul(u, ir.Constant(I64, 8))
+    with r.units(144, 8) as (base, x0):
         sc, mn = _k_scales_mins(b, base)
         xd = _f32x8(b, r.xd, x0)
         # d and dmin converted from memory with the next 4 bytes (``vcvtph2ps xmm, m64``): a scalar half
@@ -178,9 +191,7 @@ def _q4_k_body(r: _WideRow) -> ir.Value:
         r.sub(b.fmul(mins, _f32x8(b, r.xs, x0), flags=FAST))
         scale = b.bitcast(table, ptr(F32))
         for c in range(4):
-            w = b.zext(_load(b, base, 16 + 32 * c, vt(I8, 32)), vt(I16, 32))
-            halves = (b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32)))
-            for k, words in enumerate(halves):
+            for k, words in enumerate(_nibble_words(b, base, 16 + 32 * c)):
                 blk = b.add(x0, ir.Constant(I64, 2 * c + k))
                 r.add(k, words, blk, b.load(b.gep(scale, [ir.Constant(I64, 2 * c + k)])))
     return r.result()
@@ -193,18 +204,11 @@ def _q5_0_x4_body(r: _WideRow) -> ir.Value:
     clear; the 4 scales converted at once. (Scales from a table in memory as broadcast FMA operands instead
     of register shuffles: the same speed.)"""
     b = r.b
-    with cgutils.for_range(b, r.n) as loop:
-        u = loop.index
-        base = b.gep(r.w, [b.mul(u, ir.Constant(I64, Q5_0_X4_BYTES))])
-        for off in (0, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
-        x0 = b.mul(u, ir.Constant(I64, 4))
+    with r.units(Q5_0_X4_BYTES, 4) as (base, x0):
         dw = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
         scales = b.fmul(dw, b.load(b.bitcast(b.gep(r.xd, [x0]), ptr(vt(F32, 4))), align=4), flags=FAST)
         for p in range(2):
-            w = b.zext(_load(b, base, 24 + 32 * p, vt(I8, 32)), vt(I16, 32))
-            halves = (b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32)))
-            for k, nib in enumerate(halves):
+            for k, nib in enumerate(_nibble_words(b, base, 24 + 32 * p)):
                 g = 2 * p + k
                 bits = b.bitcast(_load(b, base, 8 + 4 * g, I32), vt(ir.IntType(1), 32))
                 words = b.select(bits, nib, b.or_(nib, _const_vec(I16, [-16] * 32)))
@@ -219,12 +223,7 @@ def _q6_k_i8_body(r: _WideRow) -> ir.Value:
     and 16-31, so one FMA applies both 16-value scales (d x scale x the block's activation scale, from the
     16 scales converted once per superblock)."""
     b = r.b
-    with cgutils.for_range(b, r.n) as loop:
-        u = loop.index
-        base = b.gep(r.w, [b.mul(u, ir.Constant(I64, Q6_K_I8_BYTES))])
-        for off in range(0, Q6_K_I8_BYTES, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
-        x0 = b.mul(u, ir.Constant(I64, 8))
+    with r.units(Q6_K_I8_BYTES, 8) as (base, x0):
         d = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))  # d and the first scale bytes (vcvtph2ps m64)
         sc = b.sitofp(b.sext(_load(b, base, 2, vt(I8, 16)), vt(I32, 16)), vt(F32, LANES))
         sc = b.fmul(sc, b.shuffle_vector(d, d, _const_vec(I32, [0] * LANES)), flags=FAST)
