@@ -1,0 +1,55 @@
+"""The table matvec of the step programs (matvec.matvec_table_i16 / _f32): every row of every weight once,
+equal to the one-weight kernels, for small tables (equal shares) and the LM head's size (claimed tasks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench._numba import numba
+from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu.program import MAX_W
+from workbench.models.synth import random_blocks
+from workbench.quant.formats import GGMLType
+
+Q8_0 = int(GGMLType.Q8_0)
+
+
+def _table(weights: list[np.ndarray]) -> np.ndarray:
+    wt = np.zeros((MAX_W, 5), np.int64)
+    for j, w in enumerate(weights):
+        wt[j] = (Q8_0, w.ctypes.data, w.shape[1], w.shape[0], w.shape[1] // 34)
+    return wt
+
+
+@pytest.mark.parametrize("rows", [[40, 7, 300], [mv.CLAIMED_ROWS + 123]])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, threads):
+    rng = np.random.default_rng(len(rows))
+    cols = 64
+    weights = [random_blocks(GGMLType.Q8_0, n, cols, rng) for n in rows]
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    xq, xd = np.empty(x.shape, np.int16), np.empty((1, cols // 32), np.float32)
+    xs = np.empty_like(xd)
+    mv.quantize_rows_i16(x, 32767, xq, xd, xs)
+    outs = [np.full((1, n), np.nan, np.float32) for n in rows]
+    padded = tuple(outs[min(j, len(outs) - 1)] for j in range(3))
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16)
+        floats = tuple(np.full_like(o, np.nan) for o in padded)
+        mv.block_sums(x, xs)
+        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16)
+    finally:
+        numba.set_num_threads(before)
+    mv.quantize_rows_i16(x, 32767, xq, xd, xs)
+    for w, o in zip(weights, outs, strict=True):
+        want = np.empty_like(o)
+        mv.matvec_i16(Q8_0, w, cols // 32, xq, xd, xs, want)
+        np.testing.assert_array_equal(o, want)
+    mv.block_sums(x, xs)
+    for j, w in enumerate(weights):
+        want = np.empty((1, w.shape[0]), np.float32)
+        mv.matvec_f32(Q8_0, w, cols // 32, x, xs, want)
+        np.testing.assert_array_equal(floats[j], want)
