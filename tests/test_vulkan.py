@@ -213,13 +213,14 @@ def test_tunables_keep_results(tiny, tune):
     [
         ("matvec.row_block_batch=3,matvec.row_threads_batch=4", 4, 3),  # fewer lanes than tokens: butterflies
         ("matvec.row_block_batch=8,matvec.wg=64", 8, 8),  # threads per row from K (64 columns: 8)
-        ("matvec.row_threads_batch=32", 32, 1),  # rows wider than a subgroup: sums meet in shared memory
-        ("matvec.batch_chunks=4", 2, 1),
-        ("matvec.wg=8", 8, 1),
+        ("matvec.row_threads_batch=32", 32, 2),  # rows wider than a subgroup: sums meet in shared memory
+        ("matvec.batch_chunks=4", 2, 2),
+        ("matvec.wg=8", 8, 2),
+        ("matvec.row_block_batch=1", 8, 1),
         (
             "matvec.wg_tall=32,matvec.norm_rows=64",
             8,
-            1,
+            2,
         ),  # the LM head in smaller workgroups  # one workgroup smaller than the rows (the post-norm tail loops)
     ],
 )
