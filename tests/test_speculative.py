@@ -12,7 +12,6 @@ import workbench as wb
 from workbench.bench.speculative import REPETITIVE_PROMPTS, speculative_compare
 from workbench.cli import main
 from workbench.runtime.speculative import (
-    DraftLength,
     ModelDrafter,
     NgramDrafter,
     layer_skip_model,
@@ -70,40 +69,6 @@ def test_speculative_equals_greedy_on_numpy(tiny_model, draft, k):
         assert got.drafted >= got.accepted >= 0 and got.verify_steps == len(got.accepted_per_step)
         if draft == "wrong":
             assert got.accepted == 0 and got.verify_steps == 39  # one token per step, every draft rolled back
-
-
-@pytest.mark.parametrize("draft", ["ngram", "wrong"])
-def test_adaptive_draft_length_equals_greedy(tiny_model, draft):
-    """With the adaptive policy the output is still plain greedy output (the draft lengths it picks depend
-    on the measured step times: the policy itself is tested below)."""
-    e = wb.Engine(tiny_model, "numpy")
-    drafter = NgramDrafter() if draft == "ngram" else WrongDrafter(tiny_model.config.vocab_size)
-    p = [11, 12, 13, 14, 15] * 6
-    got = speculative_generate(e, p, 40, drafter, 6, stop_ids=[], adaptive=True)
-    assert got.output_ids == e.generate(p, 40, stop_ids=[]).output_ids
-    assert got.adaptive and len(got.drafts_per_step) == got.verify_steps
-    assert max(got.drafts_per_step) <= 6 and got.to_dict()["drafts_per_step"] == got.drafts_per_step
-
-
-def test_draft_length_policy_weighs_acceptance_against_step_cost():
-    pol = DraftLength(7)
-    assert pol.choose() == 7  # nothing measured: probe the longest step
-    pol.observe(8, 0.030, 7, 7)
-    assert pol.choose() == 0  # then a plain step, for the cost of one row
-    pol.observe(1, 0.006, 1, 1)
-    for _ in range(6):
-        pol.observe(8, 0.030, 7, 7)
-    assert pol.alpha > 0.95 and pol.choose() == 7  # 8 rows for 5x the time, drafts all accepted: worth it
-    for _ in range(40):
-        pol.observe(8, 0.030, 7, 0)  # drafts wrong: alpha falls
-    assert pol.alpha < 0.3 and pol.choose() == 0
-    cheap = DraftLength(7)  # a GPU: extra rows nearly free
-    cheap.observe(8, 0.0013, 7, 3)
-    cheap.observe(1, 0.0011, 1, 0)
-    assert cheap.choose() >= 5  # long drafts, though only ~2 in 3 are accepted
-    assert abs(cheap.seconds(4) - (0.0011 + 3 * 0.0002 / 7)) < 1e-9
-    with pytest.raises(ValueError, match="k_max"):
-        DraftLength(0)
 
 
 def test_repetitive_prompt_accepts_drafts_and_saves_steps(tiny_model):

@@ -38,10 +38,8 @@ def speculative_compare(
     k: int,
     repeats: int,
     progress: Callable[[str], None] | None = None,
-    adaptive: bool = False,
 ) -> dict[str, Any]:
-    """Plain greedy and speculative generation of every prompt, ``repeats`` times, alternating (``adaptive``:
-    up to ``k`` drafts a step, chosen by :class:`~workbench.runtime.speculative.DraftLength`)."""
+    """Plain greedy and speculative generation of every prompt, ``repeats`` times, alternating."""
     if repeats < 1 or not prompts:
         raise ValueError("need repeats >= 1 and at least one prompt")
     plain_s: list[float] = []
@@ -53,7 +51,7 @@ def speculative_compare(
     for r in range(repeats):
         for i, prompt in enumerate(prompts):
             g = engine.generate(prompt, max_tokens)
-            s = speculative_generate(engine, prompt, max_tokens, drafter, k, adaptive=adaptive)
+            s = speculative_generate(engine, prompt, max_tokens, drafter, k)
             n_plain, n_spec = len(g.output_ids) - 1, len(s.output_ids) - 1
             plain_s.append(n_plain / g.decode_s if g.decode_s > 0 else 0.0)
             spec_s.append(s.decode_tok_s)
@@ -63,8 +61,7 @@ def speculative_compare(
                 per_prompt.append({"prompt": i, "input_tokens": len(s.input_ids), "identical":
                                    g.output_ids == s.output_ids, "plain_ids": g.output_ids,
                                    "speculative_ids": s.output_ids, "acceptance_rate": s.acceptance_rate,
-                                   "tokens_per_step": n_spec / s.verify_steps if s.verify_steps else 0.0,
-                                   "drafts_per_step": s.drafts_per_step})  # fmt: skip
+                                   "tokens_per_step": n_spec / s.verify_steps if s.verify_steps else 0.0})  # fmt: skip
             drafted, accepted = drafted + s.drafted, accepted + s.accepted
             steps, tokens = steps + s.verify_steps, tokens + n_spec
             if progress:
@@ -74,7 +71,6 @@ def speculative_compare(
     return {
         "drafter": drafter.name,
         "k": k,
-        "adaptive": adaptive,
         "max_tokens": max_tokens,
         "repeats": repeats,
         "identical": all(p["identical"] for p in per_prompt),

@@ -27,9 +27,6 @@ def add_parser(sub) -> None:
     p.add_argument("-k", "--draft-tokens", type=positive_int, default=7,
                    help="drafts verified per step (default 7: k+1 = 8 rows fill one row group of the cpu "
                         "backend's batched kernel)")  # fmt: skip
-    p.add_argument("--adaptive", action="store_true",
-                   help="choose each step's number of drafts (0..k) from the acceptance so far and the measured "
-                        "step times (0: a plain step)")  # fmt: skip
     p.add_argument("--max-tokens", "-n", type=positive_int, default=64)
     p.add_argument("--repeats", "-r", type=positive_int, default=3)
     p.add_argument("--no-record", action="store_true", help="do not write a run record")
@@ -57,15 +54,13 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)  # fmt: skip
     try:
         out = speculative_compare(engine, drafter, prompts, args.max_tokens, args.draft_tokens, args.repeats,
-                                  progress=lambda m: print(m, file=sys.stderr, flush=True),
-                                  adaptive=args.adaptive)  # fmt: skip
+                                  progress=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
         out = {"model": model.name, "synthetic": model.synthetic, "backend": engine.backend.name, "device": dev,
                **out}  # fmt: skip
         if not args.no_record:
             record = {"kind": "speculate", "how": out["how"], "command": " ".join(sys.argv),
                       "model": model.describe(), "backend": engine.backend.name, "device": dev,
-                      "params": {"draft": args.draft, "k": args.draft_tokens, "adaptive": args.adaptive,
-                                 "max_tokens": args.max_tokens,
+                      "params": {"draft": args.draft, "k": args.draft_tokens, "max_tokens": args.max_tokens,
                                  "repeats": args.repeats, "prompts": prompts},
                       "environment": environment.capture(engine.backend), "results": out}  # fmt: skip
             out["record"] = str(write_record(record))
@@ -78,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{out['model']} on {out['backend']} ({dev}), {out['how']}")
     print(f"plain greedy      {pl['median']:8.1f} tok/s [{pl['lo']:.1f}, {pl['hi']:.1f}]")
     print(
-        f"speculative ({out['drafter']}, k={'<=' if out['adaptive'] else ''}{out['k']}) {sp['median']:8.1f} tok/s "
-        f"[{sp['lo']:.1f}, {sp['hi']:.1f}]"
+        f"speculative ({out['drafter']}, k={out['k']}) {sp['median']:8.1f} tok/s [{sp['lo']:.1f}, {sp['hi']:.1f}]"
     )
     print(f"decode speedup    {x['ratio']:8.2f}x [{x['lo']:.2f}, {x['hi']:.2f}]; end to end "
           f"{out['end_to_end_speedup']['ratio']:.2f}x")  # fmt: skip

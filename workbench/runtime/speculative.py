@@ -129,64 +129,6 @@ def make_drafter(spec: str, model: Model, backend: str = "numpy", **backend_opti
     raise ValueError(f"unknown draft source {spec!r} (ngram[:MIN-MAX], layers:N, quant:SPEC)")
 
 
-class DraftLength:
-    """Adaptive draft length: before each step, the number of drafts k (0..k_max; 0 = a plain decode step)
-    that maximizes the expected tokens per second of the step.
-
-    Expected tokens of a step with k drafts, each accepted with probability ``alpha``: 1 + alpha + ... +
-    alpha^k. ``alpha`` is estimated from the drafts checked so far (recent steps weigh more; a step with k = 0
-    still checks one draft against the token it produced). The time of a step of r rows is measured (a
-    moving average per r, drafting included) and, for row counts not measured yet, taken from the line
-    through those that were (the first step uses k_max, the second k = 0). So a backend whose extra rows are
-    cheap (a GPU) keeps long drafts, and one whose every row costs its own arithmetic (a 2-core CPU) drafts
-    only while nearly all drafts are accepted, and decodes plainly otherwise."""
-
-    DECAY = 0.9  # weight of the evidence so far at each step
-    PRIOR = (2.0, 0.5)  # pseudo-counts of accepted and rejected drafts (alpha 0.8 before any evidence)
-
-    def __init__(self, k_max: int):
-        if k_max < 1:
-            raise ValueError(f"k_max must be >= 1, got {k_max}")
-        self.k_max = k_max
-        self.hits = self.misses = 0.0
-        self.step_s: dict[int, float] = {}
-
-    @property
-    def alpha(self) -> float:
-        a, b = self.PRIOR
-        return (self.hits + a) / (self.hits + self.misses + a + b)
-
-    def observe(self, rows: int, seconds: float, checked: int, accepted: int) -> None:
-        """A step of ``rows`` rows took ``seconds``; of its first ``checked`` drafts ``accepted`` matched
-        (drafts after the first mismatch are not evidence)."""
-        prev = self.step_s.get(rows)
-        self.step_s[rows] = seconds if prev is None else 0.7 * prev + 0.3 * seconds
-        if checked:
-            self.hits = self.DECAY * self.hits + accepted
-            self.misses = self.DECAY * self.misses + (1 if accepted < checked else 0)
-
-    def seconds(self, rows: int) -> float:
-        """The measured or interpolated time of a step of ``rows`` rows."""
-        if rows in self.step_s:
-            return self.step_s[rows]
-        r = np.array(list(self.step_s), float)
-        t = np.array(list(self.step_s.values()))
-        slope, icept = np.polyfit(r, t, 1)
-        return max(float(icept + slope * rows), 1e-9)
-
-    def choose(self) -> int:
-        if not self.step_s:
-            return self.k_max
-        if 1 not in self.step_s:
-            return 0
-        if len(self.step_s) == 1:
-            return self.k_max
-        a = min(self.alpha, 1.0 - 1e-9)
-        return max(
-            range(self.k_max + 1), key=lambda k: (1.0 - a ** (k + 1)) / (1.0 - a) / self.seconds(k + 1)
-        )
-
-
 @dataclass
 class SpeculativeResult:
     """Output ids and how the speculation went (times measured, host wall clock)."""
@@ -203,8 +145,6 @@ class SpeculativeResult:
     accepted: int = 0
     draft_s: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list)
-    drafts_per_step: list[int] = field(default_factory=list)
-    adaptive: bool = False
 
     @property
     def acceptance_rate(self) -> float:
@@ -232,8 +172,6 @@ class SpeculativeResult:
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_step": (len(self.output_ids) - 1) / self.verify_steps if self.verify_steps else 0.0,
             "draft_s": self.draft_s,
-            "adaptive": self.adaptive,
-            "drafts_per_step": self.drafts_per_step,
             "timing": "measured (host wall clock)",
         }
 
@@ -246,10 +184,8 @@ def speculative_generate(
     k: int = 4,
     *,
     stop_ids: Sequence[int] | None = None,
-    adaptive: bool = False,
 ) -> SpeculativeResult:
-    """Greedy generation of up to ``max_tokens`` tokens with ``k`` drafted tokens verified per step (with
-    ``adaptive``, at most ``k``: :class:`DraftLength` picks each step's number)."""
+    """Greedy generation of up to ``max_tokens`` tokens with ``k`` drafted tokens verified per step."""
     if k < 1:
         raise ValueError(f"k (draft tokens per step) must be >= 1, got {k}")
     if max_tokens < 1:
@@ -268,18 +204,11 @@ def speculative_generate(
     t0 = time.perf_counter()
     out = [int(np.argmax(engine.forward(seq, ids)))]
     res = SpeculativeResult(ids, out, "length", drafter.name, k, time.perf_counter() - t0, 0.0)
-    res.adaptive = adaptive
-    policy = DraftLength(k) if adaptive else None
     t1 = time.perf_counter()
     while len(out) < max_tokens and out[-1] not in stops:
         td = time.perf_counter()
-        k_step = policy.choose() if policy else k
-        # a plain step of the adaptive policy still asks for one draft, checked but not fed (evidence)
-        want = min(max(k_step, 1 if policy else 0), max_tokens - len(out))
-        proposed = [int(t) for t in drafter.propose(ids + out, want)][:want]
-        drafts = proposed[:k_step]
+        drafts = [int(t) for t in drafter.propose(ids + out, min(k, max_tokens - len(out)))][:k]
         res.draft_s += time.perf_counter() - td
-        res.drafts_per_step.append(len(drafts))
         base = seq.cache.length
         rows = engine.forward(seq, [out[-1], *drafts], logits="all" if drafts else "last")
         preds = np.argmax(rows.reshape(len(drafts) + 1, -1), axis=-1)
@@ -292,11 +221,6 @@ def speculative_generate(
         res.drafted += len(drafts)
         res.accepted += n_ok
         res.accepted_per_step.append(n_ok)
-        if policy:
-            checked, ok = (
-                (len(drafts), n_ok) if drafts else (len(proposed[:1]), int(proposed[:1] == [preds[0]]))
-            )
-            policy.observe(len(drafts) + 1, time.perf_counter() - td, checked, ok)
         for t in [*drafts[:n_ok], int(preds[n_ok])]:
             out.append(t)
             if t in stops or len(out) >= max_tokens:
