@@ -17,13 +17,13 @@ F32 = np.float32
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def inv_rms(x, t, start, n, eps):  # pragma: no cover - compiled
-    """1 / sqrt(mean(x[t, start:start+n]^2) + eps)."""
+def inv_rms(v, eps):  # pragma: no cover - compiled
+    """1 / sqrt(mean(v^2) + eps) of a 1-D slice (indexed from 0, so the sum vectorizes: a computed index
+    ``start + i`` keeps numba's negative-index check and the loop scalar, 0.54 us for 640 values)."""
     ss = np.float32(0.0)
-    for i in range(n):
-        v = x[t, start + i]
-        ss += v * v
-    return np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+    for i in range(v.shape[0]):
+        ss += v[i] * v[i]
+    return np.float32(1.0) / np.sqrt(ss / np.float32(v.shape[0]) + np.float32(eps))
 
 
 @njit(cache=True, fastmath=True)
@@ -32,9 +32,10 @@ def rmsnorm(x, w, eps, group, out):  # pragma: no cover - compiled
     t_n, k = x.shape
     for t in range(t_n):
         for g0 in range(0, k, group):
-            inv = inv_rms(x, t, g0, group, eps)
+            xs, os = x[t, g0 : g0 + group], out[t, g0 : g0 + group]
+            inv = inv_rms(xs, eps)
             for i in range(group):
-                out[t, g0 + i] = x[t, g0 + i] * inv * w[i]
+                os[i] = xs[i] * inv * w[i]
 
 
 @njit(cache=True, fastmath=True)
@@ -45,9 +46,10 @@ def rmsnorm_rope(x, w, eps, cos, sin, head_dim, out):  # pragma: no cover - comp
     buf = np.empty(head_dim, np.float32)
     for t in range(t_n):
         for h0 in range(0, k, head_dim):
-            inv = inv_rms(x, t, h0, head_dim, eps)
+            xs = x[t, h0 : h0 + head_dim]
+            inv = inv_rms(xs, eps)
             for i in range(head_dim):
-                buf[i] = x[t, h0 + i] * inv * w[i]
+                buf[i] = xs[i] * inv * w[i]
             for i in range(half):
                 a, b = buf[i], buf[i + half]
                 out[t, h0 + i] = a * cos[t, i] - b * sin[t, i]
@@ -109,7 +111,7 @@ def rmsnorm_add(x, w, eps, residual, out):  # pragma: no cover - compiled
     """``residual + rmsnorm(x) * w`` (post-norm and residual of a block)."""
     t_n, k = x.shape
     for t in range(t_n):
-        inv = inv_rms(x, t, 0, k, eps)
+        inv = inv_rms(x[t], eps)
         for i in range(k):
             out[t, i] = residual[t, i] + x[t, i] * inv * w[i]
 
