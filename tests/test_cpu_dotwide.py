@@ -54,9 +54,9 @@ def _check(qtype: GGMLType, raw: np.ndarray, cols: int, rng: np.random.Generator
     assert np.abs(out[1] - out[0]).max() <= 2e-6 * scale  # and the 128-bit kernel: only summation order
 
 
-@settings(max_examples=12, deadline=None)
+@pytest.mark.parametrize("qtype", [*WIDE_TYPES, GGMLType.Q6_K])
+@settings(max_examples=4, deadline=None)
 @given(
-    qtype=st.sampled_from([*WIDE_TYPES, GGMLType.Q6_K]),
     rows=st.integers(1, 40),
     units=st.integers(1, 21),  # one-scale formats: groups of 8 blocks, then single blocks
     seed=st.integers(0, 2**31),

@@ -53,3 +53,29 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
         want = np.empty((1, w.shape[0]), np.float32)
         mv.matvec_f32(Q8_0, w, cols // 32, x, xs, want)
         np.testing.assert_array_equal(floats[j], want)
+
+
+@numba.njit
+def _claims(n_tasks, pattern, extra):  # pragma: no cover - compiled
+    """Claims on one counter of ``n_tasks`` tasks, from the front (pattern 1) or back (0) in turn, until
+    both ends fail, then ``extra`` more each: the tasks claimed, in order, and every claim's result."""
+    counter = mv._counter(n_tasks)
+    got = []
+    i = 0
+    while True:
+        t = mv._claim(counter, pattern[i % len(pattern)] == 1)
+        got.append(t)
+        i += 1
+        if t < 0 and got.count(-1) >= 2 + extra:
+            return got
+
+
+@pytest.mark.parametrize("pattern", [[1], [0], [1, 0], [1, 1, 0], [0, 0, 0, 1]])
+@pytest.mark.parametrize("n_tasks", [1, 2, 7, 256])
+def test_claims_from_both_ends_take_every_task_once(n_tasks, pattern):
+    got = _claims(n_tasks, np.array(pattern, np.int64), 12)
+    tasks = [t for t in got if t >= 0]
+    assert sorted(tasks) == list(range(n_tasks))  # each task once, none skipped
+    assert all(t == -1 for t in got[len(tasks) :])  # and nothing after the tasks ran out (ends crossed)
+    if pattern == [1, 0] and n_tasks >= 4:
+        assert tasks[:4] == [0, n_tasks - 1, 1, n_tasks - 2]  # the front and the back in turn

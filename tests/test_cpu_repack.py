@@ -3,15 +3,21 @@ use of it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repacked import LAYOUTS
+from tiny import TINY, tiny_vocab, tiny_weights
 
+import workbench as wb
 from workbench.backends import make_backend
 from workbench.backends.base import Step
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import rows as rk
+from workbench.models.gguf_writer import write_gguf
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
@@ -34,13 +40,6 @@ def test_repacks_reject_bad_shapes():
         q6_k_to_i8(np.zeros((2, 211), np.uint8))
     with pytest.raises(ValueError, match="multiple of 88"):
         q5_0_to_x4(np.zeros((2, 66), np.uint8))  # 3 blocks: not whole groups of 4
-
-
-# layout: (GGUF type, layout id, repack, values and bytes of one layout unit, GGUF units in one)
-LAYOUTS = {
-    "Q6_K_I8": (GGMLType.Q6_K, mv.Q6_K_I8, q6_k_to_i8, 256, 274, 1),
-    "Q5_0_X4": (GGMLType.Q5_0, mv.Q5_0_X4, q5_0_to_x4, 128, 88, 4),
-}
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -131,3 +130,31 @@ def test_q5_0_x4_int16_kernel_on_real_tensors(default_model):
         scale = np.abs(w).sum(axis=1).max() * np.abs(x).max()
         assert np.abs(got - x @ w.T).max() <= 2e-4 * scale
         assert np.abs(got - native).max() <= 2e-6 * scale
+
+
+@pytest.mark.parametrize("hidden", [64, 128])
+def test_backend_regroups_q5_0_rows_of_128_values_and_keeps_the_others(tmp_path, hidden):
+    """Q5_0 weights whose rows hold a multiple of 128 values are regrouped (Q5_0_X4), the others stay GGUF
+    blocks; the decode step program (int16 activations) gives the numpy oracle's logits either way."""
+    config = replace(TINY, hidden=hidden)
+    rng = np.random.default_rng(hidden)
+    tensors = {
+        n: (GGMLType.Q5_0, random_blocks(GGMLType.Q5_0, *w.shape, rng))
+        if w.ndim == 2 and n != "token_embd.weight"
+        else (GGMLType.F32, w)
+        for n, w in tiny_weights(config).items()
+    }
+    model = wb.load(write_gguf(tmp_path / "q5.gguf", config, tensors, tiny_vocab()))
+    cpu = wb.Engine(model, "cpu", threads=2, tune="q5_0_as_x4=1,q5_0_as_q8_0=0")
+    fmts = {n: w.fmt for n, w in cpu.backend.weights.items() if model.weights[n].type == GGMLType.Q5_0}
+    assert fmts and all(
+        f == (mv.Q5_0_X4 if model.weights[n].cols % 128 == 0 else mv.Q5_0) for n, f in fmts.items()
+    )
+    assert (mv.Q5_0_X4 in fmts.values()) == (hidden == 128)
+    ref = wb.Engine(model, "numpy")
+    logits = []
+    for e in (cpu, ref):
+        seq = e.new_sequence(32)
+        e.forward(seq, [2, 40, 41, 42, 43, 44])
+        logits.append(np.asarray(e.forward(seq, [45])).reshape(-1))  # a one-token step: the step program
+    assert np.abs(logits[0] - logits[1]).max() <= 2e-2 * np.abs(logits[1]).max()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from repacked import LAYOUTS
 
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import rows as rk
@@ -13,14 +15,8 @@ from workbench.backends.numba_cpu.simd import format_code
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
-from workbench.quant.repack import q5_0_to_x4, q6_k_to_i8
 
-# the cpu backend's layouts repacked at load: (GGUF type, layout id, repack)
-REPACKS = {
-    "Q6_K_I8": (GGMLType.Q6_K, mv.Q6_K_I8, q6_k_to_i8),
-    "Q5_0_X4": (GGMLType.Q5_0, mv.Q5_0_X4, q5_0_to_x4),
-}
-FORMATS = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", *REPACKS]
+FORMATS = ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", *LAYOUTS]
 _EMPTY_W, _EMPTY_O = np.zeros((0, 1), np.uint8), np.zeros((1, 0), np.float32)
 
 
@@ -38,9 +34,9 @@ def _batched(fmt: int, data: np.ndarray, units: int, x: np.ndarray) -> np.ndarra
     return out
 
 
-@settings(max_examples=14, deadline=None)
+@pytest.mark.parametrize("name", FORMATS)
+@settings(max_examples=3, deadline=None)
 @given(
-    name=st.sampled_from(FORMATS),
     rows=st.integers(1, 40),
     units=st.integers(1, 3),
     t=st.integers(1, 11),
@@ -53,21 +49,21 @@ def test_batched_int16_rows_match_the_weights_and_do_not_depend_on_the_batch(
     """Each row equals x @ W.T to the int16 activations' precision and the single-row int16 kernel closely,
     and a row's result is bit-identical whatever slot it takes and whatever rows run beside it."""
     rng = np.random.default_rng(seed)
-    qtype, fmt, repack = REPACKS[name] if name in REPACKS else (GGMLType[name], int(GGMLType[name]), None)
-    n_units = units
+    lay = LAYOUTS.get(name)
+    qtype, fmt = (lay.qtype, lay.fmt) if lay else (GGMLType[name], int(GGMLType[name]))
     cols = units * format_code(fmt).unit_values
     raw = random_blocks(qtype, rows, cols, rng)
-    data = repack(raw) if repack else raw
+    data = lay.repack(raw) if lay else raw
     w = dequantize(raw, qtype).reshape(rows, cols)
     x = np.zeros((rk.pad_rows(t), cols), np.float32)
     x[:t] = rng.standard_normal((t, cols))
-    got = _batched(fmt, data, n_units, x)
+    got = _batched(fmt, data, units, x)
     scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
     assert np.abs(got[:t] - x[:t] @ w.T).max() <= 2e-4 * scale
     single = np.empty_like(got)
-    mv.matvec_i16(fmt, data, n_units, *_quantized(x), single)
+    mv.matvec_i16(fmt, data, units, *_quantized(x), single)
     assert np.abs(got - single).max() <= 1e-6 * scale
     other = np.zeros((16, cols), np.float32)
     other[:] = rng.standard_normal((16, cols))
     other[slot] = x[0]
-    np.testing.assert_array_equal(_batched(fmt, data, n_units, other)[slot], got[0])
+    np.testing.assert_array_equal(_batched(fmt, data, units, other)[slot], got[0])

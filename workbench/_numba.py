@@ -27,7 +27,8 @@ from .paths import cache_dir  # noqa: E402
 def _kernel_digest() -> str:
     here = Path(__file__).parent
     h = hashlib.blake2b(digest_size=8)
-    for f in sorted([Path(__file__), *(here / "backends").rglob("*.py")]):
+    # the kernels' sources, and the layout constants they compile in (quant/repack.py)
+    for f in sorted([Path(__file__), here / "quant" / "repack.py", *(here / "backends").rglob("*.py")]):
         h.update(f.read_bytes())
     env = "|".join(os.environ.get(v, "") for v in ("NUMBA_SLP_VECTORIZE", "WORKBENCH_CPU_KERNELS"))
     h.update(f"{numba.__version__}|{env}".encode())

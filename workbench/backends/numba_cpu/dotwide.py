@@ -246,7 +246,7 @@ BODIES: dict[int, Callable[[_WideRow], ir.Value]] = {
 
 def make_dot_i16_wide(qtype: int):
     """``dot(w_addr, xq_addr, xd_addr, xs_addr, n_units) -> float32`` (the signature of
-    :func:`.dot16.make_dot_i16`) for Q8_0, Q5_0 and Q4_K rows, in 512-bit operations."""
+    :func:`.dot16.make_dot_i16`) for Q8_0, Q5_0, Q4_K, Q5_0_X4 and Q6_K_I8 rows, in 512-bit operations."""
     body = BODIES[qtype]
 
     @intrinsic

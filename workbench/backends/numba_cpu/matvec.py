@@ -29,7 +29,9 @@ QUANT_TYPES = frozenset(DECODERS)
 QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES) | frozenset(REPACKED)
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-WIDE = use_wide_kernels()  # AVX-512BW hosts: Q8_0, Q5_0 and Q4_K rows in 512-bit operations (dotwide.py)
+WIDE = (
+    use_wide_kernels()
+)  # AVX-512BW hosts: Q8_0, Q5_0, Q4_K, Q6_K_I8 rows in 512-bit operations (dotwide.py)
 i16_q4_0, i16_q5_k, i16_q6_k = (make_dot_i16(GGMLType(t)) for t in (Q4_0, Q5_K, Q6_K))
 i16_q8_0, i16_q5_0, i16_q4_k = (
     (make_dot_i16_wide if WIDE else make_dot_i16)(GGMLType(t)) for t in (Q8_0, Q5_0, Q4_K)
@@ -347,8 +349,9 @@ def _table_task_f32(wt, size, starts, i, outs, x, xs):  # pragma: no cover - com
 
 # parallel iterations that claim tasks: threads beyond this count idle in these loops; a thread's iterations
 # after the tasks ran out return at their first claim (numba.get_num_threads() in place of this constant
-# would keep the kernels out of numba's cache). numba hands each thread a contiguous share of the
-# iterations: with two threads one claims from the front of the tasks and the other from the back.
+# would keep the kernels out of numba's cache). numba's static schedule hands each thread a contiguous
+# share of the iterations: with two threads one claims from the front of the tasks and the other from the
+# back (with more threads, or a dynamic schedule, several claim from each end: still each task once).
 WORKERS = 16
 
 
