@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..._numba import numba
+from .addr import prefetch
 
 njit = numba.njit
 F32 = np.float32
@@ -148,8 +149,17 @@ def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, win
     attend_slots(q, keys, vals, seen[:n_seen], n_heads, head_dim, scale, out)
 
 
+ATT_AHEAD = 4  # key rows prefetched ahead in decode attention
 ATT_CHUNKS = 8  # key ranges of one decode attention, reduced in parallel (flash-decoding)
 ATT_MIN_KEYS = 16  # keys per range at least (fewer keys: fewer ranges)
+
+
+@njit(cache=True, inline="always")
+def _prefetch_row(a, row, c0, n):  # pragma: no cover - compiled
+    """Prefetch the cache lines of ``a[row, c0 : c0 + n]`` (a C-contiguous float32 2-D array)."""
+    base = a.ctypes.data + (row * a.shape[1] + c0) * 4
+    for off in range(0, n * 4, 64):
+        prefetch(base + off)
 
 
 @njit(cache=True, fastmath=True)
@@ -164,7 +174,12 @@ def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  
     acc[:] = 0.0
     for kh in range(n_kv):
         qh = q[kh * group * head_dim : (kh + 1) * group * head_dim].reshape(group, head_dim)
+        for j in range(min(ATT_AHEAD, n_seen)):
+            _prefetch_row(keys, seen[j], kh * head_dim, head_dim)
         for j in range(n_seen):
+            if j + ATT_AHEAD < n_seen:  # the cache is cold (weights streamed through since the last token)
+                _prefetch_row(keys, seen[j + ATT_AHEAD], kh * head_dim, head_dim)
+            _prefetch_row(vals, seen[j], kh * head_dim, head_dim)  # for the weighted sum after the softmax
             krow = keys[seen[j], kh * head_dim : (kh + 1) * head_dim]
             for g in range(group):
                 qrow = qh[g]
