@@ -82,6 +82,23 @@ def test_each_weight_format_matches_numpy(quant, tmp_path):
     compare(model, TOKENS)
 
 
+@pytest.mark.parametrize("n", [1, 4])
+def test_fused_norms_take_mean_squares_from_the_post_norm_tail(tiny, n):
+    """A decode step's QKV and gate/up norms read the mean squares that the previous op's post-norm tail
+    wrote (MS_IN) except where their input has no tail (the embedding), with the oracle's logits."""
+    ev = compare(tiny, TOKENS[:n], decode=2)
+    prog = next(
+        p for p in ev.backend.programs.values() if any("POST_NORM_ADD" in d.defines for d in p.dispatches)
+    )
+    norms = [d for d in prog.dispatches if "NORM" in d.defines]
+    with_ms = [d for d in norms if "MS_IN" in d.defines]
+    assert with_ms and len(with_ms) < len(norms)
+    assert all(d.push["ms_off"] != d.push["x_off"] for d in with_ms)
+    assert all("MS_IN" not in d.defines for d in norms if d.op.startswith("blk.0.attn"))
+    off = compare(tiny, TOKENS[:n], decode=1, tune="matvec.norm_ms=0")  # the switch: every norm sums x
+    assert not any("MS_IN" in d.defines for p in off.backend.programs.values() for d in p.dispatches)
+
+
 @pytest.mark.parametrize(
     "spec",
     ["int8", "int4-g32", "int4-g64-asym", "int4-g128,ffn_down=int8,attn_q=bf16,attn_k=fp16,attn_v=fp32"],

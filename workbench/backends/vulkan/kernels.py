@@ -72,6 +72,8 @@ KERNELS: dict[str, KernelSpec] = {
             "pw_off",
             "peps:f",
             "cnt_off",
+            "ms_off",
+            "ms_out_off",
         ),
         (("wg", 0), ("row_threads", 1)),
     ),
@@ -160,6 +162,7 @@ PROGRAM_TUNABLES = {
     "attention.kv_in_rope": 1,
     "matvec.post_norm": 1,
     "matvec.fp16": 0,  # fp16 products in the decode matvec (devices with shaderFloat16)
+    "matvec.norm_ms": 1,  # fused norms read the mean squares their input's post-norm tail wrote (MS_IN)
 }
 SWITCHES = (
     "matmul.coop",
@@ -167,6 +170,7 @@ SWITCHES = (
     "attention.kv_in_rope",
     "matvec.post_norm",
     "matvec.fp16",
+    "matvec.norm_ms",
 )
 ROW_THREAD_KEYS = ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch")
 # every kernel tunable: the specialization constants of KERNELS, the per-shape matvec row widths, PROGRAM_TUNABLES
@@ -343,11 +347,15 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (shader, defines) the backend can use (for building the SPIR-V cache ahead of time)."""
     out = []
     for f in FORMAT_DEFINES:
-        out += [("matvec", f), ("matvec", (*f, "NORM")), ("matvec", (*f, "GELU_PAIR", "NORM")),
-                ("matvec", (*f, "GELU_PAIR")), ("matvec", (*f, "POST_NORM_ADD")), ("matvec", (*f, "F16_MATH")),
-                ("matvec", (*f, "F16_MATH", "NORM")), ("matvec", (*f, "F16_MATH", "GELU_PAIR", "NORM")),
-                ("matvec", (*f, "F16_MATH", "POST_NORM_ADD")), ("matmul", f),
-                ("matmul_coop", f), ("embed", f)]  # fmt: skip
+        for f16 in ((), ("F16_MATH",)):
+            g = (*f, *f16)
+            out += [("matvec", g), ("matvec", (*g, "GELU_PAIR")), ("matvec", (*g, "POST_NORM_ADD"))]
+            out += [
+                ("matvec", (*g, *pair, "NORM", *ms))
+                for pair in ((), ("GELU_PAIR",))
+                for ms in ((), ("MS_IN",))
+            ]
+        out += [("matmul", f), ("matmul_coop", f), ("embed", f)]
     out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
     out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",), ("KV_OUT",), ("KV_OUT", "NO_NORM"))]

@@ -149,14 +149,20 @@ class Builder:
         if counter:
             self.pinned.add(counter)
         pw, peps, res, out = post or (None, 0.0, None, None)
+        # the post-norm tail writes the mean squares of its output's rows; a fused norm of an input that
+        # has them reads them (MS_IN) instead of every workgroup summing the input's squares again
+        ms_out = self.tmp(f"{out}:ms", 1, t) if post else None
+        ms_in = f"{x}:ms" if norm and f"{x}:ms" in self.sizes and b.tuning["matvec.norm_ms"] else None
         for i, part in enumerate(w.parts):
             push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, T=t,
                         row0=part.row0, x_off=Ref(x), x_stride=k, y_off=Ref(y), y_stride=self.widths[y],
                         nw_off=b.small_offset(norm) if norm else 0, eps=eps, r_off=Ref(res) if res else 0,
                         r_stride=self.widths[res] if res else 0, o_off=Ref(out) if out else 0,
                         o_stride=self.widths[out] if out else 0, pw_off=b.small_offset(pw) if pw else 0,
-                        peps=peps, cnt_off=Ref(counter) if counter else 0)  # fmt: skip
+                        peps=peps, cnt_off=Ref(counter) if counter else 0, ms_off=Ref(ms_in) if ms_in else 0,
+                        ms_out_off=Ref(ms_out) if ms_out else 0)  # fmt: skip
             defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
+            defines += ["MS_IN"] if ms_in else []
             defines += ["POST_NORM_ADD"] if post else []
             defines += ["F16_MATH"] if b.tuning["matvec.fp16"] else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
@@ -169,7 +175,8 @@ class Builder:
             rb = b.tuning["matvec.row_block_tall" if tall else "matvec.row_block_batch"] if t > 1 else 1
             wg = b.tuning["matvec.wg_tall" if tall else "matvec.wg"]
             gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
-            reads, writes = ([x, res], [y, out, counter]) if post else ([x], [y])
+            reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
+            reads += [ms_in] if ms_in else []
             spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
