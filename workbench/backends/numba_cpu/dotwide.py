@@ -122,13 +122,18 @@ def _q8_0_words(b: ir.IRBuilder, base: ir.Value) -> ir.Value:
     return b.sext(_load(b, base, 2, vt(I8, 32)), vt(I16, 32))
 
 
+def _with_fifth_bits(b: ir.IRBuilder, nib: ir.Value, qh: ir.Value) -> ir.Value:
+    """Q5_0 values - 16 as <32 x i16>: ``nib`` (the low 4 bits of each value) where the value's bit in the
+    32-bit word ``qh`` is set, nib - 16 where it is clear (``qh`` a ``kmovd`` mask; a blend)."""
+    bits = b.bitcast(qh, vt(ir.IntType(1), 32))
+    return b.select(bits, nib, b.sub(nib, _const_vec(I16, [16] * 32)))
+
+
 def _q5_0_words(b: ir.IRBuilder, base: ir.Value) -> ir.Value:
-    """value - 16 as words: the 16 bytes widened once (``vpmovzxbw``), low nibbles then high ones, and 16
-    subtracted under the inverted fifth bits as a mask (one masked subtraction)."""
+    """value - 16 as words: the 16 bytes widened once (``vpmovzxbw``), low nibbles then high ones."""
     w = b.zext(_load(b, base, 6, vt(I8, 16)), vt(I16, 16))
     nib = _concat(b, b.and_(w, _const_vec(I16, [0x0F] * 16)), b.lshr(w, _const_vec(I16, [4] * 16)))
-    bits = b.bitcast(_load(b, base, 2, I32), vt(ir.IntType(1), 32))
-    return b.select(bits, nib, b.sub(nib, _const_vec(I16, [16] * 32)))
+    return _with_fifth_bits(b, nib, _load(b, base, 2, I32))
 
 
 _ONE_SCALE: dict[int, tuple[int, Callable[[ir.IRBuilder, ir.Value], ir.Value]]] = {
@@ -210,8 +215,7 @@ def _q5_0_x4_body(r: _WideRow) -> ir.Value:
         for p in range(2):
             for k, nib in enumerate(_nibble_words(b, base, 24 + 32 * p)):
                 g = 2 * p + k
-                bits = b.bitcast(_load(b, base, 8 + 4 * g, I32), vt(ir.IntType(1), 32))
-                words = b.select(bits, nib, b.or_(nib, _const_vec(I16, [-16] * 32)))
+                words = _with_fifth_bits(b, nib, _load(b, base, 8 + 4 * g, I32))
                 blk = b.add(x0, ir.Constant(I64, g))
                 r.add(g, words, blk, b.extract_element(scales, ir.Constant(I32, g)))
     return r.result()

@@ -29,9 +29,8 @@ QUANT_TYPES = frozenset(DECODERS)
 QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES) | frozenset(REPACKED)
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-WIDE = (
-    use_wide_kernels()
-)  # AVX-512BW hosts: Q8_0, Q5_0, Q4_K, Q6_K_I8 rows in 512-bit operations (dotwide.py)
+# AVX-512BW hosts: Q8_0, Q5_0, Q4_K, Q6_K_I8 rows in 512-bit operations (dotwide.py)
+WIDE = use_wide_kernels()
 i16_q4_0, i16_q5_k, i16_q6_k = (make_dot_i16(GGMLType(t)) for t in (Q4_0, Q5_K, Q6_K))
 i16_q8_0, i16_q5_0, i16_q4_k = (
     (make_dot_i16_wide if WIDE else make_dot_i16)(GGMLType(t)) for t in (Q8_0, Q5_0, Q4_K)

@@ -123,13 +123,16 @@ def _bits_to_bytes(b, qh32: ir.Value) -> ir.Value:
     return b.icmp_unsigned("!=", masked, _const_vec(I8, [0] * 32))
 
 
+def _five_bit_values(b, nib: ir.Value, qh32: ir.Value) -> ir.Value:
+    """<32 x i16> Q5_0 values - 16 from their low nibbles (<32 x i8>) and their fifth bits (a 32-bit word)."""
+    offset = b.select(_bits_to_bytes(b, qh32), _const_vec(I8, [0] * 32), _const_vec(I8, [-16] * 32))
+    return b.sext(b.add(nib, offset), vt(I16, 32))
+
+
 def _q5_0(b, base, u):
     d = _half(b, base, 0)
-    bit = _bits_to_bytes(b, _load(b, base, 2, I32))
     lo, hi = _nibbles(b, _load(b, base, 6, vt(I8, 16)))
-    offset = b.select(bit, _const_vec(I8, [0] * 32), _const_vec(I8, [-16] * 32))
-    vals = b.sext(b.add(_concat(b, lo, hi), offset), vt(I16, 32))
-    return [Decoded(vals, d, d, None, u)]
+    return [Decoded(_five_bit_values(b, _concat(b, lo, hi), _load(b, base, 2, I32)), d, d, None, u)]
 
 
 def _k_scales(b, base) -> tuple[list[ir.Value], list[ir.Value]]:
@@ -215,10 +218,8 @@ def _q5_0_x4(b, base, u):
     out = []
     for g in range(4):
         d = _half(b, base, 2 * g)
-        bit = _bits_to_bytes(b, _load(b, base, 8 + 4 * g, I32))
         lo, hi = _nibbles(b, _load(b, base, 24 + 32 * (g // 2), vt(I8, 32)))
-        offset = b.select(bit, _const_vec(I8, [0] * 32), _const_vec(I8, [-16] * 32))
-        vals = b.sext(b.add(hi if g % 2 else lo, offset), vt(I16, 32))
+        vals = _five_bit_values(b, hi if g % 2 else lo, _load(b, base, 8 + 4 * g, I32))
         out.append(Decoded(vals, d, d, None, b.add(b.mul(u, ir.Constant(I64, 4)), ir.Constant(I64, g))))
     return out
 
