@@ -114,10 +114,18 @@ def test_attention_over_ring_slots_matches_reference(window):
 
 
 @pytest.mark.parametrize(("window", "ring"), [(0, 0), (5, 7)])
-def test_decode_attention_kernel_matches_reference(window, ring):
+@pytest.mark.parametrize(
+    ("hd", "nh", "nkv", "n"),
+    [
+        (16, 4, 2, 11),  # one range of keys, 2 query heads a KV head
+        (24, 3, 1, 11),  # dims past the last whole 16 (loops), 3 query heads
+        (256, 8, 1, 40),  # two calls of 4 query heads, 64-dim value slices, two key ranges
+        (80, 4, 1, 40),  # 64-dim and 16-dim value slices
+    ],
+)
+def test_decode_attention_kernel_matches_reference(window, ring, hd, nh, nkv, n):
     rng = np.random.default_rng(2)
-    hd, nh, nkv, n = 16, 4, 2, 11
-    cap = ring or 16
+    cap = ring or 64
     keys = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
     vals = rng.standard_normal((cap, nkv * hd)).astype(np.float32)
     kpos = np.full(cap, -1, np.int64)

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..._numba import numba
-from .addr import prefetch
+from . import attend_simd as av
 
 njit = numba.njit
 F32 = np.float32
@@ -149,44 +149,72 @@ def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, win
     attend_slots(q, keys, vals, seen[:n_seen], n_heads, head_dim, scale, out)
 
 
-ATT_AHEAD = 4  # key rows prefetched ahead in decode attention
 ATT_CHUNKS = 8  # key ranges of one decode attention, reduced in parallel (flash-decoding)
 ATT_MIN_KEYS = 16  # keys per range at least (fewer keys: fewer ranges)
 
 
 @njit(cache=True, inline="always")
-def _prefetch_row(a, row, c0, n):  # pragma: no cover - compiled
-    """Prefetch the cache lines of ``a[row, c0 : c0 + n]`` (a C-contiguous float32 2-D array)."""
-    base = a.ctypes.data + (row * a.shape[1] + c0) * 4
-    for off in range(0, n * 4, 64):
-        prefetch(base + off)
+def _score(heads, q, k, v, stride, seen, n, head_len, scale, probs):  # pragma: no cover - compiled
+    if heads == 4:
+        av.score_keys_4(q, k, v, stride, seen, n, head_len, scale, probs)
+    elif heads == 3:
+        av.score_keys_3(q, k, v, stride, seen, n, head_len, scale, probs)
+    elif heads == 2:
+        av.score_keys_2(q, k, v, stride, seen, n, head_len, scale, probs)
+    else:
+        av.score_keys_1(q, k, v, stride, seen, n, head_len, scale, probs)
+
+
+@njit(cache=True, inline="always")
+def _weigh(heads, wide, v, stride, seen, n, probs, d0, head_len, acc):  # pragma: no cover - compiled
+    if wide:
+        if heads == 4:
+            av.weigh_4(v, stride, seen, n, probs, d0, head_len, acc)
+        elif heads == 3:
+            av.weigh_3(v, stride, seen, n, probs, d0, head_len, acc)
+        elif heads == 2:
+            av.weigh_2(v, stride, seen, n, probs, d0, head_len, acc)
+        else:
+            av.weigh_1(v, stride, seen, n, probs, d0, head_len, acc)
+    elif heads == 4:
+        av.weigh_4_narrow(v, stride, seen, n, probs, d0, head_len, acc)
+    elif heads == 3:
+        av.weigh_3_narrow(v, stride, seen, n, probs, d0, head_len, acc)
+    elif heads == 2:
+        av.weigh_2_narrow(v, stride, seen, n, probs, d0, head_len, acc)
+    else:
+        av.weigh_1_narrow(v, stride, seen, n, probs, d0, head_len, acc)
 
 
 @njit(cache=True, fastmath=True)
 def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  # pragma: no cover - compiled
-    """Unnormalized attention of one query row over the slots ``seen``: per query head h, ``mx[h]`` the
-    largest score, ``sm[h]`` the sum of exp(score - mx[h]) and ``acc[h]`` the values weighted by those
-    exponentials. Each key and value row is read once for all query heads of its group (GQA)."""
+    """Unnormalized attention of one query row over the slots ``seen`` (C-contiguous int64): per query head
+    h, ``mx[h]`` the largest score, ``sm[h]`` the sum of exp(score - mx[h]) and ``acc[h]`` the values weighted
+    by those exponentials. Both products run in the vector kernels of :mod:`.attend_simd`, over up to
+    MAX_HEADS query heads of a KV head at once; dims past the last whole 16 (none for Gemma 3) in loops."""
     n_kv = keys.shape[1] // head_dim
     group = n_heads // n_kv
     n_seen = seen.shape[0]
+    stride = keys.shape[1]
+    vec_dims = head_dim // av.LANES * av.LANES
     probs = np.empty((group, n_seen), np.float32)
     acc[:] = 0.0
+    s_at, p_at = seen.ctypes.data, probs.ctypes.data
     for kh in range(n_kv):
-        qh = q[kh * group * head_dim : (kh + 1) * group * head_dim].reshape(group, head_dim)
-        for j in range(min(ATT_AHEAD, n_seen)):
-            _prefetch_row(keys, seen[j], kh * head_dim, head_dim)
-        for j in range(n_seen):
-            if j + ATT_AHEAD < n_seen:  # the cache is cold (weights streamed through since the last token)
-                _prefetch_row(keys, seen[j + ATT_AHEAD], kh * head_dim, head_dim)
-            _prefetch_row(vals, seen[j], kh * head_dim, head_dim)  # for the weighted sum after the softmax
-            krow = keys[seen[j], kh * head_dim : (kh + 1) * head_dim]
-            for g in range(group):
-                qrow = qh[g]
+        col = kh * head_dim
+        k_at, v_at = keys.ctypes.data + col * 4, vals.ctypes.data + col * 4
+        for g0 in range(0, group, av.MAX_HEADS):
+            heads = min(av.MAX_HEADS, group - g0)
+            q_at = q.ctypes.data + (kh * group + g0) * head_dim * 4
+            p_g0 = p_at + g0 * n_seen * 4
+            _score(heads, q_at, k_at, v_at, stride, s_at, n_seen, head_dim, np.float32(scale), p_g0)
+        for g in range(group if vec_dims < head_dim else 0):
+            qrow = q[(kh * group + g) * head_dim : (kh * group + g + 1) * head_dim]
+            for j in range(n_seen):
                 d = np.float32(0.0)
-                for i in range(head_dim):
-                    d += qrow[i] * krow[i]
-                probs[g, j] = d * np.float32(scale)
+                for i in range(vec_dims, head_dim):
+                    d += qrow[i] * keys[seen[j], col + i]
+                probs[g, j] += d * np.float32(scale)
         for g in range(group):
             h = kh * group + g
             m = probs[g, 0]
@@ -198,13 +226,22 @@ def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  
                 probs[g, j] = e
                 total += e
             mx[h], sm[h] = m, total
-        for j in range(n_seen):
-            vrow = vals[seen[j], kh * head_dim : (kh + 1) * head_dim]
-            for g in range(group):
+        for g0 in range(0, group, av.MAX_HEADS):
+            heads = min(av.MAX_HEADS, group - g0)
+            a_at = acc.ctypes.data + (kh * group + g0) * head_dim * 4
+            d0 = 0
+            while d0 + av.LANES * av.WIDE <= vec_dims:
+                _weigh(heads, True, v_at, stride, s_at, n_seen, p_at + g0 * n_seen * 4, d0, head_dim, a_at)
+                d0 += av.LANES * av.WIDE
+            while d0 < vec_dims:
+                _weigh(heads, False, v_at, stride, s_at, n_seen, p_at + g0 * n_seen * 4, d0, head_dim, a_at)
+                d0 += av.LANES
+        for g in range(group if vec_dims < head_dim else 0):
+            arow = acc[kh * group + g]
+            for j in range(n_seen):
                 p = probs[g, j]
-                arow = acc[kh * group + g]
-                for i in range(head_dim):
-                    arow[i] += p * vrow[i]
+                for i in range(vec_dims, head_dim):
+                    arow[i] += p * vals[seen[j], col + i]
 
 
 @njit(parallel=True, cache=True, fastmath=True)
