@@ -14,6 +14,7 @@ from workbench.backends.base import Step, UnsupportedOpError
 from workbench.backends.numba_cpu import attend
 from workbench.backends.numba_cpu import kernels as k
 from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu import program as pg
 from workbench.models.synth import random_blocks
 from workbench.ops import reference as ref
 from workbench.ops.fusion import fuse
@@ -159,6 +160,24 @@ def test_decode_program_equals_op_by_op(default_model):
     assert cpu._program(g1, Step.single(cpu.new_cache(4), [1], 0)) is None  # the forced op-by-op run
     for a, b in zip(*runs, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_each_dense_attention_has_its_kv_rows_prefetched_by_a_gate_up_before_it(default_model):
+    cpu = make_backend("cpu", default_model, threads=2)
+    prog = cpu._program(cpu.prepare_graph(default_model.graph(1, 1)), Step.single(cpu.new_cache(4), [1], 0))
+    code = prog.code
+    for i in np.flatnonzero(code[:, pg.C_OP] == pg.ATTENTION):
+        layer = code[i, pg.C_AUX]
+        hosts = np.flatnonzero(code[:, pg.C_PF] == layer + 1)
+        assert len(hosts) == 1 and hosts[0] < i
+        want = pg.NORM_MATMUL if layer == 0 else pg.NORM_MATMUL_GELU  # layer 0: its QKV
+        assert code[hosts[0], pg.C_OP] == want and code[hosts[0], pg.C_PF + 1] == code[i, pg.C_NORM]
+    region = np.zeros(3, np.int64)
+    kv = np.array([[100, 200, 0, 8, 0]], np.int64)
+    pg._kv_region(kv, 0, 16, 5, region)
+    assert region.tolist() == [100, 200, 5 * 16 * 4]
+    pg._kv_region(kv, 0, 1 << 20, 5, region)  # past PREFETCH_MAX: none
+    assert region[2] == 0
 
 
 def test_fused_graph_on_numpy_equals_unfused(default_model):

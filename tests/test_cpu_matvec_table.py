@@ -37,10 +37,10 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16)
+        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16, mv.NO_PREFETCH)
         floats = tuple(np.full_like(o, np.nan) for o in padded)
         mv.block_sums(x, xs)
-        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16)
+        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16, mv.NO_PREFETCH)
     finally:
         numba.set_num_threads(before)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)

@@ -43,7 +43,8 @@ RMSNORM, ADD, SPARSE_FFN = range(6, 9)  # unfused norms and adds (around a spars
 # columns of an instruction row
 C_OP, C_IN, C_K, C_OUT, C_N, C_NORM, C_AUX, C_AUX2, C_NW, C_OUTS = range(10)  # C_OUTS..+2: matmul outputs
 C_BLK = C_OUTS + 3  # block-sparse attention: block, sink, local, stride (block 0: dense)
-N_COLS = C_BLK + 4
+C_PF = C_BLK + 4  # a projection: 1 + the layer whose KV rows its tasks prefetch (0: none), and their width
+N_COLS = C_PF + 2
 MAX_W = 3  # weights of one instruction (Q, K, V)
 # columns of the float parameters: eps, scale, window
 F_EPS, F_SCALE, F_WINDOW = range(3)
@@ -75,14 +76,23 @@ def _view(arena, off, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt):  # pragma: no cover - compiled
-    """``outs[j] = x @ W_j.T`` for the first ``n_w`` weights of ``wt``; int16 activations unless levels = 0."""
+def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt, pf=mv.NO_PREFETCH):  # pragma: no cover - compiled
+    """``outs[j] = x @ W_j.T`` for the first ``n_w`` weights of ``wt``; int16 activations unless levels = 0;
+    the tasks prefetch the region ``pf`` describes (see :func:`.matvec._prefetch_share`)."""
     if levels > 0:
         mv.quantize_rows_i16(x, levels, xq, xd, xs)
-        mv.matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt)
+        mv.matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt, pf)
     else:
         mv.block_sums(x, xs)
-        mv.matvec_table_f32(wt, n_w, outs, x, xs, rpt)
+        mv.matvec_table_f32(wt, n_w, outs, x, xs, rpt, pf)
+
+
+@njit(cache=True)
+def _kv_region(kv, layer, width, pos, pf):  # pragma: no cover - compiled
+    """Fill ``pf`` with the KV rows a decode attention at ``pos`` reads in ``layer`` (rows 0 .. the slots
+    written, ``width`` floats each), or no region when they exceed PREFETCH_MAX."""
+    n = min(kv[layer, KV_CAP], pos) * width * 4
+    pf[0], pf[1], pf[2] = kv[layer, KV_KEYS], kv[layer, KV_VALS], n if 2 * n <= mv.PREFETCH_MAX else 0
 
 
 @njit(cache=True)
@@ -91,6 +101,7 @@ def run_program(
 ):  # pragma: no cover
     """Execute the instructions ``code`` for one token at position ``pos``; ``stamps`` (empty: off) receives
     the cycle counter before the first and after each instruction."""
+    pf = np.zeros(3, np.int64)
     if stamps.shape[0]:
         stamps[0] = _cycles()
     for i in range(code.shape[0]):
@@ -144,7 +155,10 @@ def run_program(
             else:
                 h = _view(arena, c[C_AUX], kk)
                 k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + kk], fp[i, F_EPS], kk, h)
-                _project(wts[i], nw, h, (o0, o1, o2), levels, xq, xd, xs, rpt)
+                pf[2] = 0
+                if c[C_PF] > 0:
+                    _kv_region(kv, c[C_PF] - 1, c[C_PF + 1], pos, pf)
+                _project(wts[i], nw, h, (o0, o1, o2), levels, xq, xd, xs, rpt, pf)
                 if op == NORM_MATMUL_GELU:
                     k.gelu_mul(o0, o1, out)
         if stamps.shape[0]:
@@ -259,6 +273,16 @@ def lower(b: CpuBackend, graph: Graph) -> Program | None:
             c[C_NORM] = a["n_kv_heads"] * a["head_dim"]
             c[C_OUTS], c[C_OUTS + 1] = lw.tensor(src(op.inputs[1])), lw.tensor(src(op.inputs[2]))
             f[F_SCALE], f[F_WINDOW] = a["scale"], a.get("window", 0)
+            host = next((r for r in reversed(rows) if r[C_OP] == NORM_MATMUL_GELU), None)
+            host = (
+                host
+                if host is not None
+                else next((r for r in reversed(rows) if r[C_OP] == NORM_MATMUL), None)
+            )
+            if (
+                host is not None and c[C_BLK] == 0
+            ):  # dense: the last gate/up (else the QKV) prefetches its rows
+                host[C_PF], host[C_PF + 1] = op.layer + 1, c[C_NORM]
         elif kind == "rmsnorm":
             c[C_OP], c[C_NORM] = RMSNORM, lw.norm(op.weights[0])
             c[C_AUX] = op.attr("group") or lw.cols(src(op.inputs[0]))
