@@ -50,3 +50,21 @@ def test_cpu_backend_warns_when_openblas_spins(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="OPENBLAS_THREAD_TIMEOUT=4"):
         backend = make_backend("cpu", model, threads=1)
     assert backend.device.details["openblas_thread_timeout"].startswith("28")
+
+
+@pytest.mark.parametrize(
+    ("core", "features", "warned"),
+    [
+        ("Haswell", "+avx2,+avx512f,+avx512bw", True),
+        ("haswell", "+avx2,+avx512f", True),
+        ("SkylakeX", "+avx2,+avx512f", False),  # AVX-512 kernels already
+        ("Haswell", "+avx2,-avx512f", False),  # the host has no AVX-512: nothing lost
+        ("", "+avx2,+avx512f", False),  # unset: OpenBLAS detects the host
+    ],
+)
+def test_openblas_pinned_below_the_host_is_reported(monkeypatch, core, features, warned):
+    monkeypatch.setenv("OPENBLAS_CORETYPE", core)
+    notice = blas_env.narrow_pin(features)
+    assert (notice is not None) == warned
+    if warned:
+        assert f"OPENBLAS_CORETYPE={core}" in notice and "Unset it" in notice

@@ -122,6 +122,9 @@ class CpuBackend(Backend):
                 "workbench first, or set OPENBLAS_THREAD_TIMEOUT=4 in the environment.",
                 stacklevel=2,
             )
+        pin = blas_env.narrow_pin(llvm.get_host_cpu_features().flatten())
+        if pin:
+            warnings.warn(pin, stacklevel=2)
         act_quant = self.tunable("act_quant", act_quant)
         fused = self.tunable("fused", fused)
         gemv_max_rows = self.tunable("gemv_max_rows", gemv_max_rows)
