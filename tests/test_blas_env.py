@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _python(code: str, **env: str) -> list[str]:
-    clean = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    clean = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")}
     done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, cwd=ROOT, capture_output=True,
                           text=True, check=True, timeout=120)  # fmt: skip
     return done.stdout.split()
@@ -28,6 +28,11 @@ def test_importing_workbench_first_sets_the_timeout():
     out = _python("import os, workbench; from workbench import blas_env as b; "
                   "print(os.environ['OPENBLAS_THREAD_TIMEOUT'], b.SPINNING, b.thread_timeout())")  # fmt: skip
     assert out == ["4", "False", "4"]
+
+
+def test_numba_workers_spin_briefly_unless_the_user_chose():
+    assert _python("import os, workbench; print(os.environ['GOMP_SPINCOUNT'])") == ["1000"]
+    assert _python("import os, workbench; print(os.environ['GOMP_SPINCOUNT'])", GOMP_SPINCOUNT="7") == ["7"]
 
 
 def test_numpy_imported_first_is_reported():

@@ -162,6 +162,23 @@ def test_decode_program_equals_op_by_op(default_model):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize(("hd", "nh", "nkv", "t"), [(16, 4, 2, 7), (24, 3, 1, 6), (256, 8, 1, 9)])
+def test_attention_of_many_rows_matches_reference(window, hd, nh, nkv, t):
+    """Prefill/verification rows (attend_rows): older slots first in any order, then the step's own."""
+    rng = np.random.default_rng(3)
+    held = np.array([3, 1, 0, 2], np.int64)  # positions of cache slots from earlier steps, out of order
+    kpos = np.concatenate([held, np.arange(4, 4 + t, dtype=np.int64)])
+    keys = rng.standard_normal((len(kpos), nkv * hd)).astype(np.float32)
+    vals = rng.standard_normal((len(kpos), nkv * hd)).astype(np.float32)
+    q = rng.standard_normal((t, nh * hd)).astype(np.float32)
+    qpos = np.arange(4, 4 + t, dtype=np.int64)
+    out = np.empty_like(q)
+    k.attend_rows(q, keys, vals, kpos, qpos, nh, hd, 0.3, window, out)
+    want = ref.attention(q, keys, vals, qpos, kpos, nh, nkv, hd, 0.3, window)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
 def test_each_dense_attention_has_its_kv_rows_prefetched_by_a_gate_up_before_it(default_model):
     cpu = make_backend("cpu", default_model, threads=2)
     prog = cpu._program(cpu.prepare_graph(default_model.graph(1, 1)), Step.single(cpu.new_cache(4), [1], 0))

@@ -10,6 +10,7 @@ fusions of :mod:`workbench.ops.fusion`; each fused kind has one handler here.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -259,6 +260,7 @@ class CpuBackend(Backend):
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
                 "openblas_thread_timeout": blas_env.thread_timeout(),
+                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", ""),  # numba's OpenMP workers
                 "blas": _blas_label(self._blas),  # prefill's GEMMs: e.g. OpenBLAS's kernels (Haswell: AVX2)
                 "profile": "host",
                 **getattr(self, "jit", {}),
@@ -506,7 +508,8 @@ def _attention(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
                          a["n_heads"], a["head_dim"], a["scale"], a.get("window", 0), out[s.start])  # fmt: skip
         else:
             keys, vals, kpos = layer.append(pos[sl], key[sl], v[sl])
-            out[sl] = attend(q[sl], keys, vals, pos[sl], kpos, a)
+            k.attend_rows(q[sl], keys, vals, kpos, pos[sl].astype(np.int64), a["n_heads"], a["head_dim"],
+                          a["scale"], a.get("window", 0), out[sl])  # fmt: skip
 
 
 def attend(

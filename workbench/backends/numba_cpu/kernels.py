@@ -132,13 +132,10 @@ def softcap(x, cap, out):  # pragma: no cover - compiled
             out[t, i] = tanh_approx(x[t, i] * inv) * np.float32(cap)
 
 
-@njit(cache=True, fastmath=True)
-def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
-    """Decode attention of one query row over the first ``n_slots`` cache slots, in place.
-
-    ``q`` and ``out`` (n_heads*head_dim,); ``keys``/``vals`` (slots, n_kv_heads*head_dim); ``kpos`` the slots'
-    positions (-1: empty). A slot is visible when ``0 <= kpos <= qpos`` and, with a window,
-    ``kpos > qpos - window``. Each key and value row is read once for all query heads of its group (GQA)."""
+@njit(cache=True)
+def _visible(kpos, n_slots, qpos, window):  # pragma: no cover - compiled
+    """The slots among the first ``n_slots`` a query at ``qpos`` sees: ``0 <= kpos <= qpos`` and, with a
+    window, ``kpos > qpos - window`` (C-contiguous int64)."""
     seen = np.empty(n_slots, np.int64)
     n_seen = 0
     for s in range(n_slots):
@@ -146,7 +143,45 @@ def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, win
         if 0 <= p <= qpos and (window <= 0 or p > qpos - window):
             seen[n_seen] = s
             n_seen += 1
-    attend_slots(q, keys, vals, seen[:n_seen], n_heads, head_dim, scale, out)
+    return seen[:n_seen]
+
+
+@njit(cache=True, fastmath=True)
+def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
+    """Decode attention of one query row over the first ``n_slots`` cache slots, in place.
+
+    ``q`` and ``out`` (n_heads*head_dim,); ``keys``/``vals`` (slots, n_kv_heads*head_dim); ``kpos`` the slots'
+    positions (-1: empty). A slot is visible when ``0 <= kpos <= qpos`` and, with a window,
+    ``kpos > qpos - window``. Each key and value row is read once for all query heads of its group (GQA)."""
+    attend_slots(q, keys, vals, _visible(kpos, n_slots, qpos, window), n_heads, head_dim, scale, out)
+
+
+@njit(cache=True, fastmath=True)
+def _attend_row(q, keys, vals, kpos, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
+    """:func:`attend_one` in one thread (the slots in one range): a row of :func:`attend_rows`."""
+    mx = np.empty(n_heads, np.float32)
+    sm = np.empty(n_heads, np.float32)
+    acc = np.empty((n_heads, head_dim), np.float32)
+    seen = _visible(kpos, kpos.shape[0], qpos, window)
+    _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc)
+    for h in range(n_heads):
+        inv = np.float32(1.0) / sm[h]
+        for i in range(head_dim):
+            out[h * head_dim + i] = acc[h, i] * inv
+
+
+@njit(parallel=True, cache=True)
+def attend_rows(q, keys, vals, kpos, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
+    """Causal (sliding-window) attention of the query rows ``q`` at positions ``qpos`` over the slots
+    ``keys``/``vals``/``kpos`` (prefill and verification steps), a row at a time in the vector kernels of
+    decode. Rows are paired first with last, so that each thread gets as many keys as the other. A prefill of
+    128 tokens (default model, Zen 5 VM, 2 threads): attention 17.3 -> 6.1 ms against 2-D BLAS products."""
+    t = q.shape[0]
+    for i in numba.prange((t + 1) // 2):
+        _attend_row(q[i], keys, vals, kpos, qpos[i], n_heads, head_dim, scale, window, out[i])
+        r = t - 1 - i
+        if r != i:
+            _attend_row(q[r], keys, vals, kpos, qpos[r], n_heads, head_dim, scale, window, out[r])
 
 
 ATT_CHUNKS = 8  # key ranges of one decode attention, reduced in parallel (flash-decoding)
