@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _python(code: str, **env: str) -> list[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")}
+    unset = ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+    clean = {k: v for k, v in os.environ.items() if k not in unset}
     done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, cwd=ROOT, capture_output=True,
                           text=True, check=True, timeout=120)  # fmt: skip
     return done.stdout.split()
@@ -31,8 +32,10 @@ def test_importing_workbench_first_sets_the_timeout():
 
 
 def test_numba_workers_spin_briefly_unless_the_user_chose():
-    assert _python("import os, workbench; print(os.environ['GOMP_SPINCOUNT'])") == ["1000"]
-    assert _python("import os, workbench; print(os.environ['GOMP_SPINCOUNT'])", GOMP_SPINCOUNT="7") == ["7"]
+    show = "import os, workbench; print(os.environ.get('GOMP_SPINCOUNT', 'unset'))"
+    assert _python(show) == ["1000"]
+    assert _python(show, GOMP_SPINCOUNT="7") == ["7"]
+    assert _python(show, OMP_WAIT_POLICY="ACTIVE") == ["unset"]  # libgomp derives its spin from the policy
 
 
 def test_numpy_imported_first_is_reported():
@@ -58,18 +61,19 @@ def test_cpu_backend_warns_when_openblas_spins(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("core", "features", "warned"),
+    ("core", "kernels", "features", "warned"),
     [
-        ("Haswell", "+avx2,+avx512f,+avx512bw", True),
-        ("haswell", "+avx2,+avx512f", True),
-        ("SkylakeX", "+avx2,+avx512f", False),  # AVX-512 kernels already
-        ("Haswell", "+avx2,-avx512f", False),  # the host has no AVX-512: nothing lost
-        ("", "+avx2,+avx512f", False),  # unset: OpenBLAS detects the host
+        ("Haswell", ["Haswell"], "+avx2,+avx512f,+avx512bw", True),
+        ("zen", ["Zen"], "+avx2,+avx512f", True),
+        ("SkylakeX", ["SkylakeX"], "+avx2,+avx512f", False),  # AVX-512 kernels already
+        ("Haswell", ["Haswell"], "+avx2,-avx512f", False),  # the host has no AVX-512: nothing lost
+        ("", ["Haswell"], "+avx2,+avx512f", False),  # not pinned by the variable
+        ("Haswell", [], "+avx2,+avx512f", False),  # no OpenBLAS loaded (another BLAS)
     ],
 )
-def test_openblas_pinned_below_the_host_is_reported(monkeypatch, core, features, warned):
+def test_openblas_pinned_below_the_host_is_reported(monkeypatch, core, kernels, features, warned):
     monkeypatch.setenv("OPENBLAS_CORETYPE", core)
-    notice = blas_env.narrow_pin(features)
+    notice = blas_env.narrow_pin(features, kernels)
     assert (notice is not None) == warned
     if warned:
-        assert f"OPENBLAS_CORETYPE={core}" in notice and "Unset it" in notice
+        assert f"OPENBLAS_CORETYPE={core}" in notice and kernels[0] in notice and "Unset it" in notice

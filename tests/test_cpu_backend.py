@@ -120,8 +120,10 @@ def test_attention_over_ring_slots_matches_reference(window):
     [
         (16, 4, 2, 11),  # one range of keys, 2 query heads a KV head
         (24, 3, 1, 11),  # dims past the last whole 16 (loops), 3 query heads
-        (256, 8, 1, 40),  # two calls of 4 query heads, 64-dim value slices, two key ranges
+        (256, 8, 1, 40),  # two calls of 4 query heads, 64-dim value slices, two key ranges (no ring)
         (80, 4, 1, 40),  # 64-dim and 16-dim value slices
+        (256, 8, 2, 40),  # two KV heads: each one's columns
+        (64, 6, 1, 20),  # 6 query heads a KV head: calls of 4 and 2
     ],
 )
 def test_decode_attention_kernel_matches_reference(window, ring, hd, nh, nkv, n):
@@ -165,9 +167,9 @@ def test_decode_program_equals_op_by_op(default_model):
 @pytest.mark.parametrize("window", [0, 5])
 @pytest.mark.parametrize(("hd", "nh", "nkv", "t"), [(16, 4, 2, 7), (24, 3, 1, 6), (256, 8, 1, 9)])
 def test_attention_of_many_rows_matches_reference(window, hd, nh, nkv, t):
-    """Prefill/verification rows (attend_rows): older slots first in any order, then the step's own."""
+    """Prefill/verification rows (attend_rows): older slots first in any order (-1: empty), then the step's."""
     rng = np.random.default_rng(3)
-    held = np.array([3, 1, 0, 2], np.int64)  # positions of cache slots from earlier steps, out of order
+    held = np.array([3, -1, 1, 0, 2], np.int64)  # positions of cache slots from earlier steps, out of order
     kpos = np.concatenate([held, np.arange(4, 4 + t, dtype=np.int64)])
     keys = rng.standard_normal((len(kpos), nkv * hd)).astype(np.float32)
     vals = rng.standard_normal((len(kpos), nkv * hd)).astype(np.float32)
@@ -175,8 +177,18 @@ def test_attention_of_many_rows_matches_reference(window, hd, nh, nkv, t):
     qpos = np.arange(4, 4 + t, dtype=np.int64)
     out = np.empty_like(q)
     k.attend_rows(q, keys, vals, kpos, qpos, nh, hd, 0.3, window, out)
-    want = ref.attention(q, keys, vals, qpos, kpos, nh, nkv, hd, 0.3, window)
+    full = kpos >= 0
+    want = ref.attention(q, keys[full], vals[full], qpos, kpos[full], nh, nkv, hd, 0.3, window)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_kernels_refuse_rows_that_are_not_back_to_back():
+    keys = np.zeros((8, 32), np.float32)
+    q, out, kpos = np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32), np.arange(8, dtype=np.int64)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        k.attend_rows(q, keys[:, :16], keys[:, :16], kpos, kpos[:1], 2, 8, 0.3, 0, out[:, :16])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        k.attend_one(q[0, :16], keys[:, ::2], keys[:, ::2], kpos, 8, 7, 2, 8, 0.3, 0, out[0, :16])
 
 
 def test_each_dense_attention_has_its_kv_rows_prefetched_by_a_gate_up_before_it(default_model):
@@ -193,8 +205,10 @@ def test_each_dense_attention_has_its_kv_rows_prefetched_by_a_gate_up_before_it(
     kv = np.array([[100, 200, 0, 8, 0]], np.int64)
     pg._kv_region(kv, 0, 16, 5, region)
     assert region.tolist() == [100, 200, 5 * 16 * 4]
-    pg._kv_region(kv, 0, 1 << 20, 5, region)  # past PREFETCH_MAX: none
-    assert region[2] == 0
+    pg._kv_region(kv, 0, 1 << 20, 5, region)  # past PREFETCH_MAX: the first rows
+    assert region[2] == mv.PREFETCH_MAX // 2
+    pg._kv_region(kv, 0, 16, 20, region)  # a ring of 8 slots, all written
+    assert region[2] == 8 * 16 * 4
 
 
 def test_fused_graph_on_numpy_equals_unfused(default_model):

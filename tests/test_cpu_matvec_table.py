@@ -24,7 +24,8 @@ def _table(weights: list[np.ndarray]) -> np.ndarray:
 
 @pytest.mark.parametrize("rows", [[40, 7, 300], [mv.CLAIMED_ROWS + 123]])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, threads):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, threads, prefetch):
     rng = np.random.default_rng(len(rows))
     cols = 64
     weights = [random_blocks(GGMLType.Q8_0, n, cols, rng) for n in rows]
@@ -33,14 +34,18 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
     xs = np.empty_like(xd)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
     outs = [np.full((1, n), np.nan, np.float32) for n in rows]
+    other = np.ones(1000, np.float32)  # a region the tasks prefetch (hints only: the results stay the same)
+    region = (
+        np.array([other.ctypes.data, other.ctypes.data + 4, 3000], np.int64) if prefetch else mv.NO_PREFETCH
+    )
     padded = tuple(outs[min(j, len(outs) - 1)] for j in range(3))
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16, mv.NO_PREFETCH)
+        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16, region)
         floats = tuple(np.full_like(o, np.nan) for o in padded)
         mv.block_sums(x, xs)
-        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16, mv.NO_PREFETCH)
+        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16, region)
     finally:
         numba.set_num_threads(before)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)

@@ -26,9 +26,18 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", TIMEOUT_LOG2_CYCLES)
 # dequantization, attention). With 1,000 rounds (a few us: still longer than the serial gaps between the
 # parallel loops of a decode step) on the 2-vCPU Zen 5 VM, bench -p 128 -g 32, alternating runs: prefill
 # 739-749 -> 775-778 tok/s, decode unchanged (169-170 vs 174-178). libgomp reads it when it loads, with
-# numba's threading layer; a value the user set is kept.
+# numba's threading layer. A spin count or wait policy the user set is kept (libgomp derives the count from
+# OMP_WAIT_POLICY only while GOMP_SPINCOUNT is unset).
 GOMP_SPIN_ROUNDS = "1000"
-os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPIN_ROUNDS)
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = GOMP_SPIN_ROUNDS
+
+
+def gomp_spin() -> str:
+    """The spin of numba's OpenMP workers in this process, for reports (the omp threading layer only)."""
+    if "GOMP_SPINCOUNT" in os.environ:
+        return os.environ["GOMP_SPINCOUNT"]
+    return f"libgomp's, from OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')}"
 
 
 def thread_timeout() -> str:
@@ -42,16 +51,18 @@ def thread_timeout() -> str:
 AVX512_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
 
 
-def narrow_pin(host_features: str) -> str | None:
-    """A notice when ``OPENBLAS_CORETYPE`` pins OpenBLAS to kernels without AVX-512 on a host that has it
+def narrow_pin(host_features: str, architectures: list[str]) -> str | None:
+    """A notice when ``OPENBLAS_CORETYPE`` pins OpenBLAS (``architectures``: the kernels of the OpenBLAS
+    libraries loaded, as threadpoolctl names them) to kernels without AVX-512 on a host that has it
     (``host_features``: LLVM's feature string of the host), else None. The value is the user's (or their
     platform's), so it is kept; prefill's GEMMs pay for it: on a 2-vCPU Zen 5 VM a 128 x 640 by 640 x 4096
     sgemm took 2.91 ms pinned to Haswell, 1.78 ms with the variable unset (OpenBLAS picks SkylakeX)."""
     core = os.environ.get("OPENBLAS_CORETYPE", "").strip()
-    if not core or core.lower() in AVX512_CORES or "+avx512f" not in host_features.split(","):
+    narrow = [a for a in architectures if a and a.lower() not in AVX512_CORES]
+    if not core or not narrow or "+avx512f" not in host_features.split(","):
         return None
     return (
-        f"OPENBLAS_CORETYPE={core} pins OpenBLAS to kernels without AVX-512 on this AVX-512 host: the cpu "
-        "backend's prefill GEMMs run ~1.6x slower than with the variable unset (OpenBLAS then picks its "
-        "SkylakeX kernels). Unset it unless it was pinned on purpose."
+        f"OPENBLAS_CORETYPE={core} pins OpenBLAS to its {narrow[0]} kernels (no AVX-512) on this AVX-512 host: "
+        "the cpu backend's prefill GEMMs run ~1.6x slower than with the variable unset (OpenBLAS then picks "
+        "its SkylakeX kernels). Unset it unless it was pinned on purpose."
     )

@@ -6,6 +6,17 @@ import numpy as np
 
 from ..models.config import ModelConfig
 
+ALIGN = 64  # bytes: a cache line, and a 512-bit vector
+
+
+def zeros_aligned(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """Zeros whose first byte starts a cache line (numpy's large arrays start 16 bytes past one), so that the
+    decode kernels' 64-byte vector loads of a row never straddle two lines."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(n + ALIGN, np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return raw[skip : skip + n].view(dtype).reshape(shape)
+
 
 class ContextLimitError(ValueError):
     """A sequence would exceed the context length."""
@@ -23,8 +34,8 @@ class LayerKV:
         self.kv_dim, self.max_len, self.window, self.dtype = kv_dim, max_len, window, np.dtype(dtype)
         self.ring = window + slack if window else 0
         cap = self.ring if window else min(max_len, 256)
-        self.keys = np.zeros((cap, kv_dim), self.dtype)
-        self.values = np.zeros((cap, kv_dim), self.dtype)
+        self.keys = zeros_aligned((cap, kv_dim), self.dtype)
+        self.values = zeros_aligned((cap, kv_dim), self.dtype)
         self.pos = np.full(cap, -1, np.int64)
 
     @property
@@ -42,7 +53,7 @@ class LayerKV:
         new = min(self.max_len, max(need, 2 * cap))
         for name in ("keys", "values"):
             old = getattr(self, name)
-            buf = np.zeros((new, self.kv_dim), self.dtype)
+            buf = zeros_aligned((new, self.kv_dim), self.dtype)
             buf[:cap] = old
             setattr(self, name, buf)
         pos = np.full(new, -1, np.int64)

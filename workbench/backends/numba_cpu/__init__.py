@@ -10,7 +10,6 @@ fusions of :mod:`workbench.ops.fusion`; each fused kind has one handler here.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -123,9 +122,6 @@ class CpuBackend(Backend):
                 "workbench first, or set OPENBLAS_THREAD_TIMEOUT=4 in the environment.",
                 stacklevel=2,
             )
-        pin = blas_env.narrow_pin(llvm.get_host_cpu_features().flatten())
-        if pin:
-            warnings.warn(pin, stacklevel=2)
         act_quant = self.tunable("act_quant", act_quant)
         fused = self.tunable("fused", fused)
         gemv_max_rows = self.tunable("gemv_max_rows", gemv_max_rows)
@@ -181,6 +177,12 @@ class CpuBackend(Backend):
         self._n_threads = self.threads or numba.config.NUMBA_NUM_THREADS
         self._blas = ThreadpoolController()
         self._blas_threads = 0
+        kernels = [
+            i.get("architecture") or "" for i in self._blas.info() if i.get("internal_api") == "openblas"
+        ]
+        pin = blas_env.narrow_pin(llvm.get_host_cpu_features().flatten(), kernels)
+        if pin:
+            warnings.warn(pin, stacklevel=2)
         self.weights: dict[str, CpuWeight] = {}
         self.norms: dict[str, np.ndarray] = {}
         self._prepare()
@@ -260,7 +262,7 @@ class CpuBackend(Backend):
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
                 "openblas_thread_timeout": blas_env.thread_timeout(),
-                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", ""),  # numba's OpenMP workers
+                "gomp_spincount": blas_env.gomp_spin(),  # numba's OpenMP workers (omp threading layer)
                 "blas": _blas_label(self._blas),  # prefill's GEMMs: e.g. OpenBLAS's kernels (Haswell: AVX2)
                 "profile": "host",
                 **getattr(self, "jit", {}),

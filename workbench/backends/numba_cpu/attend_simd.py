@@ -3,9 +3,9 @@
 For one KV head and up to ``MAX_HEADS`` of the query heads that share it (GQA), over the cache rows listed
 in ``seen``:
 
-* :func:`score_keys`: ``probs[g, j] = scale * dot(q_g, key row seen[j])``. Each key row is loaded once for
+* ``score_keys_H`` (H = 1..4 heads): ``probs[g, j] = scale * dot(q_g, key row seen[j])``. Each key row is loaded once for
   all the heads; each head sums into its own 16-lane accumulator, reduced once per key.
-* :func:`weigh_values`: ``acc[g, d0:d0+16*width] += sum_j probs[g, j] * value row seen[j]``. The output slice
+* ``weigh_H`` / ``weigh_H_narrow``: ``acc[g, d0:d0+16*width] += sum_j probs[g, j] * value row seen[j]``. The output slice
   of every head stays in registers (``width`` vectors per head) over all the keys.
 
 Both read ``16 * (head_dim // 16)`` dims; the caller adds the rest (head_dim % 16, none for Gemma 3). The
@@ -16,6 +16,7 @@ sums in memory: 100 ns a key (256-dim heads, 4 query heads per KV head, one thre
 
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -25,8 +26,12 @@ from .simd import F32, FAST, I64, _as_ptr, _hsum, _prefetch, _splat, ptr, vt
 
 LANES = 16
 MAX_HEADS = 4  # query heads per call (more: several calls)
-WIDE = 4  # vectors per head of a weigh_values slice (16 accumulators at 4 heads)
-AHEAD = 8  # key rows prefetched ahead (cold cache, 190 keys, 2 threads: 4, 8, 16 rows within noise); each value row is prefetched as its key is scored
+# vectors per head of a wide weigh_H slice: 16 accumulators at 4 heads in AVX-512's 32 registers; AVX2 has
+# 16 registers of half the width, so one vector a head there
+WIDE = 4 if "+avx512f" in llvm.get_host_cpu_features().flatten().split(",") else 1
+# key rows prefetched ahead (cold cache, 190 keys, 2 threads: 4, 8, 16 rows within noise); each value row is
+# prefetched as its key is scored
+AHEAD = 8
 _ADDR = types.intp
 
 
@@ -41,9 +46,10 @@ def _row(b: ir.IRBuilder, base: ir.Value, seen: ir.Value, j: ir.Value, stride: i
 
 
 def _prefetch_row(b: ir.IRBuilder, row: ir.Value, n_vecs: ir.Value) -> None:
-    """Prefetch the cache lines of ``n_vecs`` 16-float vectors at ``row``."""
+    """Prefetch the cache lines of ``n_vecs`` 16-float vectors at ``row`` (one line more: rows need not be
+    aligned to 64 bytes)."""
     i8row = b.bitcast(row, ptr(ir.IntType(8)))
-    with cgutils.for_range(b, n_vecs) as loop:
+    with cgutils.for_range(b, b.add(n_vecs, ir.Constant(I64, 1))) as loop:
         _prefetch(b, b.gep(i8row, [b.mul(loop.index, ir.Constant(I64, 64))]), 0)
 
 
@@ -62,6 +68,9 @@ def _score_keys(heads: int):
             zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
             accs = [cgutils.alloca_once(b, vt(F32, LANES)) for _ in range(heads)]
             last = b.sub(n, ir.Constant(I64, 1))
+            first = b.select(b.icmp_signed("<", n, ir.Constant(I64, AHEAD)), n, ir.Constant(I64, AHEAD))
+            with cgutils.for_range(b, first) as head:  # the rows before the loop's look-ahead reaches
+                _prefetch_row(b, _row(b, kp, sp, head.index, stride), n_vecs)
             with cgutils.for_range(b, n) as keys_loop:
                 j = keys_loop.index
                 ahead = b.add(j, ir.Constant(I64, AHEAD))

@@ -14,6 +14,7 @@ reported with its measured time (the counter is calibrated against ``time.perf_c
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -90,9 +91,9 @@ def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt, pf=mv.NO_PREFETCH):  # p
 @njit(cache=True)
 def _kv_region(kv, layer, width, pos, pf):  # pragma: no cover - compiled
     """Fill ``pf`` with the KV rows a decode attention at ``pos`` reads in ``layer`` (rows 0 .. the slots
-    written, ``width`` floats each), or no region when they exceed PREFETCH_MAX."""
+    written, ``width`` floats each), their first PREFETCH_MAX / 2 bytes of keys and of values at most."""
     n = min(kv[layer, KV_CAP], pos) * width * 4
-    pf[0], pf[1], pf[2] = kv[layer, KV_KEYS], kv[layer, KV_VALS], n if 2 * n <= mv.PREFETCH_MAX else 0
+    pf[0], pf[1], pf[2] = kv[layer, KV_KEYS], kv[layer, KV_VALS], min(n, mv.PREFETCH_MAX // 2)
 
 
 @njit(cache=True)
@@ -227,6 +228,18 @@ class _Lowering:
             row[j] = (w.fmt, w.data.ctypes.data, w.data.shape[1], w.rows, w.n_units)
 
 
+def _prefetch_host(rows: list[np.ndarray]) -> np.ndarray | None:
+    """The instruction that prefetches the KV rows of an attention about to be appended after ``rows``: among
+    those since the previous attention, the last gate/up (the previous layer's, dense), else the last QKV
+    projection; None when neither is there or it already prefetches for another attention."""
+    since = list(itertools.takewhile(lambda r: r[C_OP] != ATTENTION, reversed(rows)))
+    for kind in (NORM_MATMUL_GELU, NORM_MATMUL):
+        host = next((r for r in since if r[C_OP] == kind), None)
+        if host is not None:
+            return host if host[C_PF] == 0 else None
+    return None
+
+
 def lower(b: CpuBackend, graph: Graph) -> Program | None:
     """The program of a one-token graph, or None when an op or weight has no lowering (runs op by op)."""
     if any(op.kind not in LOWERED for op in graph.ops):
@@ -273,15 +286,8 @@ def lower(b: CpuBackend, graph: Graph) -> Program | None:
             c[C_NORM] = a["n_kv_heads"] * a["head_dim"]
             c[C_OUTS], c[C_OUTS + 1] = lw.tensor(src(op.inputs[1])), lw.tensor(src(op.inputs[2]))
             f[F_SCALE], f[F_WINDOW] = a["scale"], a.get("window", 0)
-            host = next((r for r in reversed(rows) if r[C_OP] == NORM_MATMUL_GELU), None)
-            host = (
-                host
-                if host is not None
-                else next((r for r in reversed(rows) if r[C_OP] == NORM_MATMUL), None)
-            )
-            if (
-                host is not None and c[C_BLK] == 0
-            ):  # dense: the last gate/up (else the QKV) prefetches its rows
+            host = _prefetch_host(rows) if c[C_BLK] == 0 else None  # dense attention: prefetched KV rows
+            if host is not None:
                 host[C_PF], host[C_PF + 1] = op.layer + 1, c[C_NORM]
         elif kind == "rmsnorm":
             c[C_OP], c[C_NORM] = RMSNORM, lw.norm(op.weights[0])
