@@ -182,6 +182,34 @@ def test_attention_of_many_rows_matches_reference(window, hd, nh, nkv, t):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    hd=st.sampled_from([8, 16, 40, 64, 96, 144]),
+    nkv=st.integers(1, 3),
+    group=st.integers(1, 9),
+    n=st.integers(1, 70),
+    t=st.integers(1, 5),
+    window=st.sampled_from([0, 3, 17]),
+    seed=st.integers(0, 2**31),
+)
+def test_attention_kernels_match_reference_for_any_shape(hd, nkv, group, n, t, window, seed):
+    """attend_one (decode, key ranges merged) and attend_rows (several rows) against the reference."""
+    rng = np.random.default_rng(seed)
+    nh, total = nkv * group, n + t
+    keys = rng.standard_normal((total, nkv * hd)).astype(np.float32)
+    vals = rng.standard_normal((total, nkv * hd)).astype(np.float32)
+    kpos = np.arange(total, dtype=np.int64)
+    q = rng.standard_normal((t, nh * hd)).astype(np.float32)
+    qpos = np.arange(n, total, dtype=np.int64)
+    want = ref.attention(q, keys, vals, qpos, kpos, nh, nkv, hd, 0.2, window)
+    rows = np.empty_like(q)
+    k.attend_rows(q, keys, vals, kpos, qpos, nh, hd, 0.2, window, rows)
+    np.testing.assert_allclose(rows, want, rtol=1e-4, atol=1e-5)
+    one = np.empty(nh * hd, np.float32)
+    k.attend_one(q[-1], keys, vals, kpos, total, total - 1, nh, hd, 0.2, window, one)
+    np.testing.assert_allclose(one, want[-1], rtol=1e-4, atol=1e-5)
+
+
 def test_attention_kernels_refuse_rows_that_are_not_back_to_back():
     keys = np.zeros((8, 32), np.float32)
     q, out, kpos = np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32), np.arange(8, dtype=np.int64)
