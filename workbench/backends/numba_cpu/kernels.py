@@ -189,39 +189,6 @@ ATT_CHUNKS = 8  # key ranges of one decode attention, reduced in parallel (flash
 ATT_MIN_KEYS = 16  # keys per range at least (fewer keys: fewer ranges)
 
 
-@njit(cache=True, inline="always")
-def _score(heads, q, k, v, stride, seen, n, head_len, scale, probs):  # pragma: no cover - compiled
-    if heads == 4:
-        av.score_keys_4(q, k, v, stride, seen, n, head_len, scale, probs)
-    elif heads == 3:
-        av.score_keys_3(q, k, v, stride, seen, n, head_len, scale, probs)
-    elif heads == 2:
-        av.score_keys_2(q, k, v, stride, seen, n, head_len, scale, probs)
-    else:
-        av.score_keys_1(q, k, v, stride, seen, n, head_len, scale, probs)
-
-
-@njit(cache=True, inline="always")
-def _weigh(heads, wide, v, stride, seen, n, probs, d0, head_len, acc):  # pragma: no cover - compiled
-    if wide:
-        if heads == 4:
-            av.weigh_4(v, stride, seen, n, probs, d0, head_len, acc)
-        elif heads == 3:
-            av.weigh_3(v, stride, seen, n, probs, d0, head_len, acc)
-        elif heads == 2:
-            av.weigh_2(v, stride, seen, n, probs, d0, head_len, acc)
-        else:
-            av.weigh_1(v, stride, seen, n, probs, d0, head_len, acc)
-    elif heads == 4:
-        av.weigh_4_narrow(v, stride, seen, n, probs, d0, head_len, acc)
-    elif heads == 3:
-        av.weigh_3_narrow(v, stride, seen, n, probs, d0, head_len, acc)
-    elif heads == 2:
-        av.weigh_2_narrow(v, stride, seen, n, probs, d0, head_len, acc)
-    else:
-        av.weigh_1_narrow(v, stride, seen, n, probs, d0, head_len, acc)
-
-
 @njit(cache=True, fastmath=True)
 def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  # pragma: no cover - compiled
     """Unnormalized attention of one query row over the slots ``seen`` (C-contiguous int64): per query head
@@ -243,7 +210,7 @@ def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  
             heads = min(av.MAX_HEADS, group - g0)
             q_at = q.ctypes.data + (kh * group + g0) * head_dim * 4
             p_g0 = p_at + g0 * n_seen * 4
-            _score(heads, q_at, k_at, v_at, stride, s_at, n_seen, head_dim, np.float32(scale), p_g0)
+            av.score_keys(heads, q_at, k_at, v_at, stride, s_at, n_seen, head_dim, np.float32(scale), p_g0)
         for g in range(group if vec_dims < head_dim else 0):
             qrow = q[(kh * group + g) * head_dim : (kh * group + g + 1) * head_dim]
             for j in range(n_seen):
@@ -268,10 +235,10 @@ def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  
             a_at = acc.ctypes.data + (kh * group + g0) * head_dim * 4
             d0 = 0
             while d0 + av.LANES * av.WIDE <= vec_dims:
-                _weigh(heads, True, v_at, stride, s_at, n_seen, p_g0, d0, head_dim, a_at)
+                av.weigh_values(heads, 1, v_at, stride, s_at, n_seen, p_g0, d0, head_dim, a_at)
                 d0 += av.LANES * av.WIDE
             while d0 < vec_dims:
-                _weigh(heads, False, v_at, stride, s_at, n_seen, p_g0, d0, head_dim, a_at)
+                av.weigh_values(heads, 0, v_at, stride, s_at, n_seen, p_g0, d0, head_dim, a_at)
                 d0 += av.LANES
         for g in range(group if vec_dims < head_dim else 0):
             arow = acc[kh * group + g]
