@@ -2,8 +2,8 @@
 
 Decode (a few activation rows) multiplies quantized weights in place with fused dequantize-and-dot
 kernels, activations quantized per 32-block (``act_quant``: ``int16`` default, ``int8`` as llama.cpp does,
-``none`` for the exact float path). Prefill (many rows) dequantizes weights to float32 (kept while they
-fit in ``dense_cache_mib``, else tile by tile) and multiplies with BLAS. The graph is rewritten with the
+by ``vpdpbusd`` on AVX512-VNNI hosts, ``none`` for the exact float path). Prefill (many rows) dequantizes
+weights to float32 (kept while they fit in ``dense_cache_mib``, else tile by tile) and multiplies with BLAS. The graph is rewritten with the
 fusions of :mod:`workbench.ops.fusion`; each fused kind has one handler here.
 """
 
@@ -173,6 +173,7 @@ class CpuBackend(Backend):
         self._graphs: dict[int, Graph] = {}
         self._programs: dict[int, tuple[Graph, pg.Program | None]] = {}
         self.levels = ACT_QUANT[act_quant]
+        self.vnni = act_quant == "int8" and mv.VNNI  # int8 activations by vpdpbusd (dotvnni.py)
         self._rope: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._n_threads = self.threads or numba.config.NUMBA_NUM_THREADS
         self._blas = ThreadpoolController()
@@ -187,7 +188,7 @@ class CpuBackend(Backend):
         self.norms: dict[str, np.ndarray] = {}
         self._prepare()
         widest = max((w.cols for w in self.weights.values() if w.fmt in mv.QUANT_FMTS), default=32)
-        self.xq = np.zeros((1, widest), np.int16)  # activation scratch of the step programs
+        self.xq = mv.act_codes(1, widest, self.vnni)  # activation scratch of the step programs
         self.xd = np.zeros((1, widest // 32), np.float32)
         self.xs = np.zeros_like(self.xd)
         self.jit = self._warm_up()
@@ -257,7 +258,7 @@ class CpuBackend(Backend):
                 "q5_0_as_q8_0": self.q5_0_as_q8_0,
                 "q5_0_as_x4": self.q5_0_as_x4,
                 "q6_k_as_i8": self.q6_k_as_i8,
-                "decode_kernels": "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit",
+                "decode_kernels": _decode_kernels(self.vnni),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
@@ -352,7 +353,7 @@ class CpuBackend(Backend):
         levels = ACT_QUANT[self.act_quant]
         xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
         if levels:
-            xq = np.empty(x.shape, np.int16)
+            xq = mv.act_codes(x.shape[0], x.shape[1], self.vnni)
             xd = np.empty_like(xs)
             mv.quantize_rows_i16(x, levels, xq, xd, xs)
         else:
@@ -432,6 +433,13 @@ class CpuBackend(Backend):
         if tab is None:
             tab = self._rope[key] = ref.rope_tables(positions, *key)
         return tab
+
+
+def _decode_kernels(vnni: bool) -> str:
+    """What the decode matvecs run: 512-bit or 128-bit int16 kernels, int8 ones by VNNI."""
+    if vnni:
+        return "512-bit, int8 activations by vpdpbusd (AVX512-VNNI host)"
+    return "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit"
 
 
 def _blas_label(blas: ThreadpoolController) -> str:

@@ -31,6 +31,11 @@ def i8_ptr(typingctx, addr):
 
 
 @intrinsic
+def i16_ptr(typingctx, addr):
+    return _cast(types.int16, ir.IntType(16), addr)
+
+
+@intrinsic
 def u16_ptr(typingctx, addr):
     return _cast(types.uint16, ir.IntType(16), addr)
 

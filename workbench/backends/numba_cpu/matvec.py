@@ -14,8 +14,9 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from ...quant.formats import GGMLType
-from .addr import prefetch
+from .addr import i16_ptr, prefetch
 from .dot16 import make_dot_i16
+from .dotvnni import HAS_VNNI, UNIT_VALUES, VNNI_ORDER, make_dot_vnni
 from .dotwide import make_dot_i16_wide, use_wide_kernels
 from .simd import DECODERS, Q5_0_X4, Q6_K_I8, REPACKED, make_dequant, make_dot_f32
 
@@ -52,17 +53,43 @@ i16_q5_0_x4, f32_q5_0_x4, dq_q5_0_x4 = (
 )
 
 
+# AVX512-VNNI hosts (with the 512-bit kernels): int8 activations multiply Q8_0, Q5_0_X4, Q4_K and Q6_K_I8
+# rows by vpdpbusd (dotvnni.py), from an int8 copy that the quantizer writes into int8 buffers (act_codes)
+VNNI = WIDE and HAS_VNNI
+v8_q8_0, v8_q5_0_x4, v8_q4_k, v8_q6_k_i8 = (make_dot_vnni(f) for f in (Q8_0, Q5_0_X4, Q4_K, Q6_K_I8))
+V8_Q8_0_VALUES, V8_X4_VALUES, V8_K_VALUES = UNIT_VALUES[Q8_0], UNIT_VALUES[Q5_0_X4], UNIT_VALUES[Q4_K]
+
+
+def act_codes(rows: int, cols: int, vnni: bool) -> np.ndarray:
+    """The buffer of :func:`quantize_rows_i16`'s codes for ``rows`` activation rows of ``cols`` values: int16,
+    or, for the VNNI kernels, int8 rows of 3 x cols bytes (the int16 codes, then their int8 copy)."""
+    return np.zeros((rows, 3 * cols), np.int8) if vnni else np.zeros((rows, cols), np.int16)
+
+
 def units(qtype: int, cols: int) -> int:
     """Decode units (blocks, or superblocks for k-quants) in a row of ``cols`` values."""
     return cols // DECODERS[GGMLType(qtype)].unit_values
 
 
+@njit(cache=True, inline="always")
+def _vnni_block(blk, n_blocks):  # pragma: no cover - compiled
+    """Where block ``blk`` sits in the int8 copy: VNNI_ORDER within whole groups of 4, a last partial group
+    in its order."""
+    g, j = blk // 4, blk % 4
+    return 4 * g + VNNI_ORDER[j] if 4 * g + 4 <= n_blocks else blk
+
+
 @njit(cache=True, fastmath=True)
 def quantize_rows_i16(x, levels, xq, xd, xs):  # pragma: no cover - compiled
-    """Per 32-value block: scale = max|x| / levels, xq = round(x / scale), xs = sum(xq) (for k-quant mins)."""
+    """Per 32-value block: scale = max|x| / levels, codes = round(x / scale), xs = sum(codes) (for k-quant
+    mins). ``xq`` int16: the codes; int8 (:func:`act_codes`, levels <= 127): each row holds the codes as
+    int16 in its first 2 x cols bytes and then as int8 in the VNNI kernels' block order (dotvnni.py)."""
     t_n, k = x.shape
+    nb = k // 32
     for t in range(t_n):
-        for blk in range(k // 32):
+        row = xq.ctypes.data + t * xq.strides[0]
+        q16 = numba.carray(i16_ptr(row), (k,))
+        for blk in range(nb):
             amax = np.float32(0.0)
             for i in range(32):
                 a = abs(x[t, blk * 32 + i])
@@ -73,10 +100,15 @@ def quantize_rows_i16(x, levels, xq, xd, xs):  # pragma: no cover - compiled
             s = np.int32(0)
             for i in range(32):
                 q = np.int16(np.rint(x[t, blk * 32 + i] * inv))
-                xq[t, blk * 32 + i] = q
+                q16[blk * 32 + i] = q
                 s += np.int32(q)
             xd[t, blk] = d
             xs[t, blk] = np.float32(s)
+        if xq.itemsize == 1:
+            for blk in range(nb):
+                dst = 2 * k + _vnni_block(blk, nb) * 32
+                for i in range(32):
+                    xq[t, dst + i] = np.int8(q16[blk * 32 + i])
 
 
 @njit(cache=True, fastmath=True)
@@ -101,13 +133,16 @@ def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover
 
 @njit(cache=True)
 def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
-    """:func:`_rows_i16` for a weight given by its address ``wa`` and row bytes ``rb``."""
+    """:func:`_rows_i16` for a weight given by its address ``wa`` and row bytes ``rb``; an int8 ``xq``
+    (:func:`act_codes`) runs the VNNI kernels where the format has one."""
     for t in range(xq.shape[0]):
         q, d, s = (
             xq.ctypes.data + t * xq.strides[0],
             xd.ctypes.data + t * xd.strides[0],
             xs.ctypes.data + t * xs.strides[0],
         )
+        if xq.itemsize == 1 and _rows_vnni(fmt, wa, rb, n_units, r0, r1, q, d, s, out[t], c0):
+            continue
         if fmt == Q8_0:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = i16_q8_0(wa + n * rb, q, d, s, n_units)
@@ -132,6 +167,31 @@ def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: 
         else:
             for n in range(r0, r1):
                 out[t, c0 + n - r0] = i16_q5_k(wa + n * rb, q, d, s, n_units)
+
+
+@njit(cache=True)
+def _rows_vnni(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no cover - compiled
+    """out[c0 + i] = row r0 + i . the activation row whose codes start at ``q`` (int16, then the int8 copy)
+    by the VNNI kernels; False (nothing done) for a format without one."""
+    if fmt == Q8_0 and n_units % 4 == 0:
+        q8 = q + 2 * V8_Q8_0_VALUES * n_units
+        for n in range(r0, r1):
+            out[c0 + n - r0] = v8_q8_0(wa + n * rb, q8, d, s, n_units)
+    elif fmt == Q5_0_X4:
+        q8 = q + 2 * V8_X4_VALUES * n_units
+        for n in range(r0, r1):
+            out[c0 + n - r0] = v8_q5_0_x4(wa + n * rb, q8, d, s, n_units)
+    elif fmt == Q4_K:
+        q8 = q + 2 * V8_K_VALUES * n_units
+        for n in range(r0, r1):
+            out[c0 + n - r0] = v8_q4_k(wa + n * rb, q8, d, s, n_units)
+    elif fmt == Q6_K_I8:
+        q8 = q + 2 * V8_K_VALUES * n_units
+        for n in range(r0, r1):
+            out[c0 + n - r0] = v8_q6_k_i8(wa + n * rb, q8, d, s, n_units)
+    else:
+        return False
+    return True
 
 
 @njit(cache=True)
