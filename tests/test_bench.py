@@ -36,6 +36,7 @@ def test_bench_json_and_record():
     assert "decode_overhead_share" in out["profile"]["steps"]
     bb = out["ours"]["bandwidth_bound"]  # host backends: decode against the bandwidth of each repeat
     assert bb["bytes_per_token"] > 0 and len(bb["samples"]["stream_read_gbs"]) == 2
+    assert len(bb["samples"]["thread_round_trip_us"]) == 2 and bb["thread_round_trip_us"]["median"] > 0
     want = [
         d * bb["bytes_per_token"] / (g * 1e9)
         for d, g in zip(out["ours"]["samples"]["decode_tok_s"], bb["samples"]["stream_read_gbs"], strict=True)

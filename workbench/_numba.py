@@ -54,4 +54,18 @@ def stream_sum(a):  # pragma: no cover - compiled
     return s
 
 
-__all__ = ["numba", "stream_sum"]
+@numba.njit(parallel=True, cache=True)
+def _touch(a):  # pragma: no cover - compiled
+    for i in numba.prange(a.shape[0]):
+        a[i, 0] += 1.0
+
+
+@numba.njit(cache=True)
+def fork_joins(a, n):  # pragma: no cover - compiled
+    """``n`` parallel loops of one cache line a thread (``a``: threads x 16 float32): measures the round trip
+    of handing work to the threads and waiting for them."""
+    for _ in range(n):
+        _touch(a)
+
+
+__all__ = ["fork_joins", "numba", "stream_sum"]

@@ -134,11 +134,13 @@ class BandwidthSideBySide:
         self.bytes = decode_step_bytes(engine.model, 1, self.context)
         self.buf = stream_buffer()
         self.gbs: list[float] = []
+        self.round_trip_us: list[float] = []
 
     def measure(self) -> None:
-        from ..instrument.devices import stream_read_gbs
+        from ..instrument.devices import stream_read_gbs, thread_round_trip_us
 
         self.gbs.append(stream_read_gbs(self.threads, repeats=3, arr=self.buf))
+        self.round_trip_us.append(thread_round_trip_us(self.threads, loops=500))
 
     def summary(self, decode_tok_s: list[float]) -> dict[str, Any]:
         """Decode tok/s over the bound (bandwidth / bytes per token) of each repeat: medians, intervals."""
@@ -146,13 +148,19 @@ class BandwidthSideBySide:
         return {
             "fraction": median_ci(fractions),
             "stream_read_gbs": median_ci(self.gbs),
+            "thread_round_trip_us": median_ci(self.round_trip_us),
             "bytes_per_token": self.bytes,
             "context": self.context,
-            "samples": {"fraction": fractions, "stream_read_gbs": self.gbs},
+            "samples": {
+                "fraction": fractions,
+                "stream_read_gbs": self.gbs,
+                "thread_round_trip_us": self.round_trip_us,
+            },
             "how": (
                 "measured: decode tok/s x bytes per token (weights and KV cache at the mean context) / the host's "
                 f"streaming read bandwidth measured after each repeat ({self.threads} threads, numba prange sum "
-                "over 256 MiB, best of 3)"
+                "over 256 MiB, best of 3); thread round trip: one empty parallel loop, measured after each repeat "
+                "(on a VM it tells where the vCPUs sat: a slower round trip, slower exchanges between the threads)"
             ),
         }
 

@@ -79,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
             f"  decode / bandwidth bound {f['median'] * 100:.1f}% [{f['lo'] * 100:.1f}, {f['hi'] * 100:.1f}] "
             f"(host read {g['median']:.1f} GB/s, measured after each repeat; {bb['bytes_per_token'] / 1e6:.1f} MB a token)"
         )
+        if "thread_round_trip_us" in bb:
+            print(
+                f"  thread round trip        {bb['thread_round_trip_us']['median']:.2f} us (an empty parallel loop)"
+            )
     if "decode_host_overhead_share" in o:
         h = o["decode_host_overhead_share"]
         print(

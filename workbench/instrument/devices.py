@@ -208,6 +208,29 @@ def stream_read_gbs(threads: int, mb: int = 256, repeats: int = 5, arr: np.ndarr
     return best / GB
 
 
+def thread_round_trip_us(threads: int, loops: int = 2000) -> float:
+    """Microseconds of one empty numba parallel loop on ``threads`` threads (hand the work out, wait for the
+    threads), median of 5 batches of ``loops``. On the 2-vCPU dev VM it moved with the host's bandwidth
+    (~0.8 us at ~45 GB/s, ~2 us at ~72 GB/s): the vCPUs then sat on two chiplets, whose every exchange
+    of data (each parallel op's outputs) costs more."""
+    from .. import _numba
+
+    nb = _numba.numba
+    a = np.zeros((max(threads, 1), 16), np.float32)
+    prev = nb.get_num_threads()
+    nb.set_num_threads(threads)
+    try:
+        _numba.fork_joins(a, 2)  # compile / load from cache
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            _numba.fork_joins(a, loops)
+            times.append((time.perf_counter() - t0) / loops)
+    finally:
+        nb.set_num_threads(prev)
+    return float(np.median(times)) * 1e6
+
+
 def _gemm_gflops(n: int = 1536, repeats: int = 3) -> float:
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = a.T.copy()
