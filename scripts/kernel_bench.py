@@ -56,8 +56,9 @@ def groups(b: CpuBackend) -> dict[str, list]:
     return out
 
 
-def time_group(ws: list, act: str, repeats: int, rpt: int) -> tuple[float, float]:
-    """Best and median seconds of one pass of the matvec over every weight of ``ws`` (one activation row)."""
+def time_group(ws: list, act: str, repeats: int, rpt: int, vnni: bool) -> tuple[float, float]:
+    """Best and median seconds of one pass of the matvec over every weight of ``ws`` (one activation row);
+    ``vnni``: int8 codes for the VNNI kernels (as the backend runs ``act_quant=int8`` on such hosts)."""
     rng = np.random.default_rng(0)
     cols = {w.cols for w in ws}
     xs = {c: rng.standard_normal((1, c)).astype(np.float32) for c in cols}
@@ -65,7 +66,7 @@ def time_group(ws: list, act: str, repeats: int, rpt: int) -> tuple[float, float
     levels = ACT_QUANT[act]
     prepared = {}
     for c, x in xs.items():
-        xq = np.empty(x.shape, np.int16)
+        xq = mv.act_codes(1, c, vnni)
         xd = np.empty((1, c // 32), np.float32)
         xsum = np.empty_like(xd)
         if levels:
@@ -119,7 +120,7 @@ def main() -> int:
         }
         for t in threads:
             numba.set_num_threads(t)
-            best, med = time_group(ws, args.act, args.repeats, args.rows_per_task)
+            best, med = time_group(ws, args.act, args.repeats, args.rows_per_task, b.vnni)
             row[f"ms_t{t}"], row[f"median_ms_t{t}"] = 1e3 * best, 1e3 * med
             row[f"gbs_t{t}"] = nbytes / best / 1e9
         rows.append(row)
@@ -131,7 +132,9 @@ def main() -> int:
             print(f"{name:22s} {'+'.join(row['formats']):10s} {row['mb']:7.1f} MB  {cells}", flush=True)
     if args.json:
         how = "measured (best and median of repeats; GB/s at the best)"
-        print(json.dumps({"act": args.act, "how": how, "rows": rows}, indent=1))
+        print(json.dumps({"act": args.act, "vnni": b.vnni, "how": how, "rows": rows}, indent=1))
+    else:
+        print(f"act {args.act}: {b.device.details['decode_kernels']}")
     return 0
 
 
