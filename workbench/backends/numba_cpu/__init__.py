@@ -3,8 +3,8 @@
 Decode (a few activation rows) multiplies quantized weights in place with fused dequantize-and-dot
 kernels, activations quantized per 32-block (``act_quant``: ``int16`` default, ``int8`` as llama.cpp does,
 by ``vpdpbusd`` on AVX512-VNNI hosts, ``none`` for the exact float path). Prefill (many rows) dequantizes
-weights to float32 (kept while they fit in ``dense_cache_mib``, else tile by tile) and multiplies with BLAS. The graph is rewritten with the
-fusions of :mod:`workbench.ops.fusion`; each fused kind has one handler here.
+weights to float32 (kept while they fit in ``dense_cache_mib``, else tile by tile) and multiplies with BLAS.
+The graph is rewritten with the fusions of :mod:`workbench.ops.fusion`; each fused kind has one handler here.
 """
 
 from __future__ import annotations

@@ -22,19 +22,17 @@ model's tensors, all layers of a role in turn, best of 9): ms a pass, attn_q 0.2
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
 from .dot16 import _k_scales_mins
-from .dotwide import PREFETCH_AHEAD
+from .dotwide import _WideRow
 from .simd import (
     F32,
     FAST,
@@ -45,20 +43,16 @@ from .simd import (
     I64,
     Q5_0_X4,
     Q6_K_I8,
-    _as_ptr,
     _concat,
     _const_vec,
     _f32x8,
-    _hsum,
     _load,
-    _prefetch,
     ptr,
     vt,
 )
 
 VNNI_ORDER = (0, 2, 1, 3)  # the int8 copy's order of the blocks of a group of 4 (its own inverse)
 LANES = 16
-ACCS = 2
 # values per decode unit of the formats with a kernel here (the int8 copy sits after 2 x that many bytes
 # of int16 codes per unit)
 UNIT_VALUES = {int(GGMLType.Q8_0): 32, Q5_0_X4: 128, int(GGMLType.Q4_K): 256, Q6_K_I8: 256}
@@ -93,45 +87,32 @@ def _pair_lanes(b: ir.IRBuilder, scales: ir.Value, i: int, j: int) -> ir.Value:
     return b.shuffle_vector(scales, scales, _const_vec(I32, [i] * 8 + [j] * 8))
 
 
-class _VnniRow:
-    """One row's dot product: pointers, 16-lane float accumulators and one for the offsets and mins."""
+class _VnniRow(_WideRow):
+    """dotwide's row (its loop over units, float accumulators, offsets and result) over the int8 copy of
+    the activations: one 64-byte vector per pair of blocks, multiplied by ``vpdpbusd``."""
 
     ZERO = ir.Constant(vt(I32, LANES), [0] * LANES)
 
     def __init__(self, b: ir.IRBuilder, args):
-        w_a, xq_a, xd_a, xs_a, self.n = args
-        self.b = b
-        self.w = _as_ptr(b, w_a, I8)
-        self.xq = _as_ptr(b, xq_a, vt(I8, 64))  # one vector per pair of blocks
-        self.xd, self.xs = _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
-        zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
-        self.acc = [cgutils.alloca_once_value(b, zero) for _ in range(ACCS)]
-        self.corr = cgutils.alloca_once_value(b, ir.Constant(vt(F32, 8), [0.0] * 8))
+        super().__init__(b, args)
+        self.xq = b.bitcast(self.xq, ptr(vt(I8, 64)))
 
     def x(self, pair: ir.Value) -> ir.Value:
         return self.b.load(self.b.gep(self.xq, [pair]), align=1)
+
+    def pair(self, x0: ir.Value, k: int) -> ir.Value:
+        """The index of the ``k``-th pair of blocks from block ``x0`` (a multiple of 4)."""
+        return self.b.add(self.b.lshr(x0, ir.Constant(I64, 1)), ir.Constant(I64, k))
 
     def dot(self, u: ir.Value, pair: ir.Value) -> ir.Value:
         """<16 x i32>: the weight bytes ``u`` by the activation bytes of ``pair``."""
         return _dpbusd(self.b, self.ZERO, u, self.x(pair))
 
-    def add(self, slot: int, p: ir.Value, scales: ir.Value) -> None:
+    def add_int(self, slot: int, p: ir.Value, scales: ir.Value) -> None:
         """acc += float(p) * scales (``p`` <16 x i32>, ``scales`` <16 x float>)."""
-        b, acc = self.b, self.acc[slot % ACCS]
+        b, acc = self.b, self.acc[slot % len(self.acc)]
         f = b.sitofp(p, vt(F32, LANES))
         b.store(b.fadd(b.load(acc), b.fmul(f, scales, flags=FAST), flags=FAST), acc)
-
-    def sub(self, v: ir.Value) -> None:
-        """Subtract the lanes of ``v`` (<4 x float> or <8 x float>) from the result."""
-        b = self.b
-        if v.type.count == 4:
-            v = b.shuffle_vector(v, ir.Constant(v.type, [0.0] * 4), _const_vec(I32, range(8)))
-        b.store(b.fadd(b.load(self.corr), v, flags=FAST), self.corr)
-
-    def result(self) -> ir.Value:
-        b = self.b
-        total = b.fadd(b.load(self.acc[0]), b.load(self.acc[1]), flags=FAST)
-        return b.fsub(_hsum(b, total), _hsum(b, b.load(self.corr)), flags=FAST)
 
 
 def _offset_scales(r: _VnniRow, dw: ir.Value, x0: ir.Value, offset: float) -> ir.Value:
@@ -141,19 +122,9 @@ def _offset_scales(r: _VnniRow, dw: ir.Value, x0: ir.Value, offset: float) -> ir
     xd = b.load(b.bitcast(b.gep(r.xd, [x0]), ptr(vt(F32, 4))), align=4)
     xs = b.load(b.bitcast(b.gep(r.xs, [x0]), ptr(vt(F32, 4))), align=4)
     s = b.fmul(dw, xd, flags=FAST)
-    r.sub(b.fmul(s, b.fmul(xs, ir.Constant(vt(F32, 4), [offset] * 4), flags=FAST), flags=FAST))
+    corr = b.fmul(s, b.fmul(xs, ir.Constant(vt(F32, 4), [offset] * 4), flags=FAST), flags=FAST)
+    r.sub(b.shuffle_vector(corr, ir.Constant(corr.type, [0.0] * 4), _const_vec(I32, range(8))))
     return s
-
-
-@contextmanager
-def _units(r: _VnniRow, unit_bytes: int) -> Iterator[tuple[ir.Value, ir.Value]]:
-    """The loop over the row's units, each prefetched PREFETCH_AHEAD bytes ahead: (index, address)."""
-    b = r.b
-    with cgutils.for_range(b, r.n) as loop:
-        base = b.gep(r.w, [b.mul(loop.index, ir.Constant(I64, unit_bytes))])
-        for off in range(0, unit_bytes, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
-        yield loop.index, base
 
 
 # -- Q8_0: groups of 4 GGUF blocks (34 bytes each) -------------------------------------------------------
@@ -162,17 +133,16 @@ def _q8_0_body(r: _VnniRow) -> ir.Value:
     sign bit flipped); the row has a whole number of groups (the caller checks)."""
     b = r.b
     flip = _const_vec(I8, [-128] * 64)
-    with _units(r, 4 * 34) as (g, base):
+    with r.units(4 * 34, 4) as (base, x0):
         bits = ir.Constant(vt(I16, 4), [0] * 4)
         for j in range(4):
             bits = b.insert_element(bits, _load(b, base, 34 * j, I16), ir.Constant(I32, j))
         dw = b.fpext(b.bitcast(bits, vt(HALF, 4)), vt(F32, 4))
-        s = _offset_scales(r, dw, b.mul(g, ir.Constant(I64, 4)), 128.0)
+        s = _offset_scales(r, dw, x0, 128.0)
         for k in range(2):
             i, j = VNNI_ORDER[2 * k], VNNI_ORDER[2 * k + 1]
             w = _concat(b, _load(b, base, 34 * i + 2, vt(I8, 32)), _load(b, base, 34 * j + 2, vt(I8, 32)))
-            pair = b.add(b.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, k))
-            r.add(k, r.dot(b.xor(w, flip), pair), _pair_lanes(b, s, i, j))
+            r.add_int(k, r.dot(b.xor(w, flip), r.pair(x0, k)), _pair_lanes(b, s, i, j))
     return r.result()
 
 
@@ -182,9 +152,9 @@ def _q5_0_x4_body(r: _VnniRow) -> ir.Value:
     (two fifth-bit words as one ``kmovq`` mask) is set: value + 16, unsigned."""
     b = r.b
     low, sixteen = _const_vec(I8, [15] * 64), _const_vec(I8, [16] * 64)
-    with _units(r, Q5_0_X4_BYTES) as (g, base):
+    with r.units(Q5_0_X4_BYTES, 4) as (base, x0):
         dw = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
-        s = _offset_scales(r, dw, b.mul(g, ir.Constant(I64, 4)), 16.0)
+        s = _offset_scales(r, dw, x0, 16.0)
         qh = _load(b, base, 8, vt(I64, 2))  # fifth-bit words 0 | 1 << 32, 2 | 3 << 32
         q01, q23 = (b.extract_element(qh, ir.Constant(I32, i)) for i in (0, 1))
         lo32 = ir.Constant(I64, 0xFFFFFFFF)
@@ -197,8 +167,7 @@ def _q5_0_x4_body(r: _VnniRow) -> ir.Value:
         for k in range(2):
             bits = b.bitcast(masks[k], vt(ir.IntType(1), 64))
             u = b.select(bits, b.or_(halves[k], sixteen), halves[k])
-            pair = b.add(b.mul(g, ir.Constant(I64, 2)), ir.Constant(I64, k))
-            r.add(k, r.dot(u, pair), _pair_lanes(b, s, VNNI_ORDER[2 * k], VNNI_ORDER[2 * k + 1]))
+            r.add_int(k, r.dot(u, r.pair(x0, k)), _pair_lanes(b, s, VNNI_ORDER[2 * k], VNNI_ORDER[2 * k + 1]))
     return r.result()
 
 
@@ -209,8 +178,7 @@ def _q4_k_body(r: _VnniRow) -> ir.Value:
     scale x activation sum."""
     b = r.b
     low = _const_vec(I8, [15] * 64)
-    with _units(r, 144) as (u, base):
-        x0 = b.mul(u, ir.Constant(I64, 8))
+    with r.units(144, 8) as (base, x0):
         sc, mn = _k_scales_mins(b, base)
         xd = _f32x8(b, r.xd, x0)
         dd = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
@@ -222,9 +190,8 @@ def _q4_k_body(r: _VnniRow) -> ir.Value:
             nib = _load(b, base, 16 + 64 * c, vt(I8, 64))
             halves = (b.and_(nib, low), b.and_(b.lshr(nib, _const_vec(I8, [4] * 64)), low))
             for k in range(2):
-                pair = b.add(b.mul(u, ir.Constant(I64, 4)), ir.Constant(I64, 2 * c + k))
                 i, j = 4 * c + VNNI_ORDER[2 * k], 4 * c + VNNI_ORDER[2 * k + 1]
-                r.add(k, r.dot(halves[k], pair), _pair_lanes(b, s, i, j))
+                r.add_int(k, r.dot(halves[k], r.pair(x0, 2 * c + k)), _pair_lanes(b, s, i, j))
     return r.result()
 
 
@@ -235,8 +202,7 @@ def _q6_k_i8_body(r: _VnniRow) -> ir.Value:
     within a block; lanes 0-3, 4-7, 8-11, 12-15: values 0-15 and 16-31 of block i, then of block j."""
     b = r.b
     off = _const_vec(I8, [32] * 64)
-    with _units(r, Q6_K_I8_BYTES) as (u, base):
-        x0 = b.mul(u, ir.Constant(I64, 8))
+    with r.units(Q6_K_I8_BYTES, 8) as (base, x0):
         d = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
         sc = b.sitofp(b.sext(_load(b, base, 2, vt(I8, 16)), vt(I32, LANES)), vt(F32, LANES))
         sc = b.fmul(sc, b.shuffle_vector(d, d, _const_vec(I32, [0] * LANES)), flags=FAST)
@@ -248,11 +214,10 @@ def _q6_k_i8_body(r: _VnniRow) -> ir.Value:
                 w = _concat(
                     b, _load(b, base, 18 + 32 * i, vt(I8, 32)), _load(b, base, 18 + 32 * j, vt(I8, 32))
                 )
-                pair = b.add(b.mul(u, ir.Constant(I64, 4)), ir.Constant(I64, 2 * grp + k))
-                x = r.x(pair)
+                x = r.x(r.pair(x0, 2 * grp + k))
                 p = b.sub(_dpbusd(b, r.ZERO, b.add(w, off), x), _dpbusd(b, r.ZERO, off, x))
                 lanes = [2 * i] * 4 + [2 * i + 1] * 4 + [2 * j] * 4 + [2 * j + 1] * 4
-                r.add(k, p, b.shuffle_vector(s, s, _const_vec(I32, lanes)))
+                r.add_int(k, p, b.shuffle_vector(s, s, _const_vec(I32, lanes)))
     return r.result()
 
 

@@ -172,21 +172,23 @@ def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: 
 @njit(cache=True)
 def _rows_vnni(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no cover - compiled
     """out[c0 + i] = row r0 + i . the activation row whose codes start at ``q`` (int16, then the int8 copy)
-    by the VNNI kernels; False (nothing done) for a format without one."""
-    if fmt == Q8_0 and n_units % 4 == 0:
-        q8 = q + 2 * V8_Q8_0_VALUES * n_units
+    by the VNNI kernels (the int8 copy after the 2 x cols bytes of int16 codes); False (nothing done) for a
+    format without one."""
+    if fmt == Q8_0 and n_units % 4:
+        return False  # not whole groups of 4 blocks
+    q8 = q + 2 * n_units * (
+        V8_Q8_0_VALUES if fmt == Q8_0 else V8_X4_VALUES if fmt == Q5_0_X4 else V8_K_VALUES
+    )
+    if fmt == Q8_0:
         for n in range(r0, r1):
             out[c0 + n - r0] = v8_q8_0(wa + n * rb, q8, d, s, n_units)
     elif fmt == Q5_0_X4:
-        q8 = q + 2 * V8_X4_VALUES * n_units
         for n in range(r0, r1):
             out[c0 + n - r0] = v8_q5_0_x4(wa + n * rb, q8, d, s, n_units)
     elif fmt == Q4_K:
-        q8 = q + 2 * V8_K_VALUES * n_units
         for n in range(r0, r1):
             out[c0 + n - r0] = v8_q4_k(wa + n * rb, q8, d, s, n_units)
     elif fmt == Q6_K_I8:
-        q8 = q + 2 * V8_K_VALUES * n_units
         for n in range(r0, r1):
             out[c0 + n - r0] = v8_q6_k_i8(wa + n * rb, q8, d, s, n_units)
     else:
