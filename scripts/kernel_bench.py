@@ -2,13 +2,20 @@
 """Time the cpu backend's decode matvec kernels on the default model's real tensors (weight GB/s).
 
 For each weight role (attn_q, ..., ffn_down, the tied LM head) the one-token matvec runs over that role's
-tensors of every layer in turn, as a decode step streams them (248 MB in all: nothing stays in the
-caches between repeats), for each thread count; reported: milliseconds per pass, best and median of the
-repeats, and the weight bytes read per second at the best (measured; on a machine shared with other
-work the best is the steadier figure). Roles whose layers mix formats are also split by format.
+tensors of every layer in turn, for each thread count; reported: milliseconds per pass, best and median of
+the repeats, and the weight bytes read per second at the best (measured; on a machine shared with other
+work the best is the steadier figure). Roles whose layers mix formats are also split by format. A role's
+tensors (2-19 MB, the LM head aside) can stay in a 32 MB L3 between its repeats: these are the kernels'
+speeds with the weights near, not a decode step's.
+
+``--step`` times a decode step's own weight stream instead: every projection of the lowered one-token
+program (QKV, attn_output, gate/up, ffn_down of each layer, then the LM head) in program order, 248 MB a
+pass, so each comes from memory. Nothing else of the step runs (no norms, attention or waits between ops).
+With the host's streaming read measured after the passes, it tells how much of the bandwidth bound the
+matvecs alone leave: a decode step cannot be faster than they are.
 
     .venv/bin/python scripts/kernel_bench.py [--threads 1,2] [--repeats 7] [--act int16|int8|none] [--tune T]
-                                             [--json]
+                                             [--step] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import workbench as wb
 from workbench._numba import numba
 from workbench.backends.numba_cpu import ACT_QUANT, CpuBackend
 from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu import program as pg
+from workbench.instrument.devices import stream_read_gbs
 
 
 def role(name: str) -> str:
@@ -56,16 +65,13 @@ def groups(b: CpuBackend) -> dict[str, list]:
     return out
 
 
-def time_group(ws: list, act: str, repeats: int, rpt: int, vnni: bool) -> tuple[float, float]:
-    """Best and median seconds of one pass of the matvec over every weight of ``ws`` (one activation row);
-    ``vnni``: int8 codes for the VNNI kernels (as the backend runs ``act_quant=int8`` on such hosts)."""
+def prepared_acts(cols: set[int], act: str, vnni: bool) -> dict[int, tuple]:
+    """One random activation row per width, quantized as the backend would: (x, codes, scales, sums)."""
     rng = np.random.default_rng(0)
-    cols = {w.cols for w in ws}
-    xs = {c: rng.standard_normal((1, c)).astype(np.float32) for c in cols}
-    outs = [np.empty((1, w.rows), np.float32) for w in ws]
     levels = ACT_QUANT[act]
     prepared = {}
-    for c, x in xs.items():
+    for c in sorted(cols):
+        x = rng.standard_normal((1, c)).astype(np.float32)
         xq = mv.act_codes(1, c, vnni)
         xd = np.empty((1, c // 32), np.float32)
         xsum = np.empty_like(xd)
@@ -74,6 +80,26 @@ def time_group(ws: list, act: str, repeats: int, rpt: int, vnni: bool) -> tuple[
         else:
             mv.block_sums(x, xsum)
         prepared[c] = (x, xq, xd, xsum)
+    return prepared
+
+
+def timed(one_pass, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``one_pass`` (after one untimed call)."""
+    one_pass()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_group(ws: list, act: str, repeats: int, rpt: int, vnni: bool) -> tuple[float, float]:
+    """Best and median seconds of one pass of the matvec over every weight of ``ws`` (one activation row);
+    ``vnni``: int8 codes for the VNNI kernels (as the backend runs ``act_quant=int8`` on such hosts)."""
+    prepared = prepared_acts({w.cols for w in ws}, act, vnni)
+    outs = [np.empty((1, w.rows), np.float32) for w in ws]
+    levels = ACT_QUANT[act]
 
     def one_pass() -> None:
         for w, o in zip(ws, outs, strict=True):
@@ -83,13 +109,61 @@ def time_group(ws: list, act: str, repeats: int, rpt: int, vnni: bool) -> tuple[
             else:
                 mv.matvec_f32(w.fmt, w.data, w.n_units, x, xsum, o, rpt)
 
-    one_pass()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - t0)
+    times = timed(one_pass, repeats)
     return min(times), statistics.median(times)
+
+
+def step_tables(b: CpuBackend, model) -> list[tuple[np.ndarray, int, int]]:
+    """The projections of the lowered one-token program, in its order: (weight table, weights, input width)."""
+    prog = pg.lower(b, b.prepare_graph(model.graph(1, 1)))
+    if prog is None:
+        raise SystemExit("--step: this model's decode graph does not lower to a program")
+    kinds = (pg.NORM_MATMUL, pg.NORM_MATMUL_GELU, pg.MATMUL_NORM_ADD)
+    return [
+        (wt, int(c[pg.C_NW]), int(c[pg.C_K])) for c, wt in zip(prog.code, prog.wts) if c[pg.C_OP] in kinds
+    ]
+
+
+def time_step(tables: list, act: str, repeats: int, rpt: int, vnni: bool) -> dict:
+    """Best and median ms of a decode step's projections in program order: the layers', the LM head's (the
+    last projection) and both; and the weight bytes each part streams."""
+    prepared = prepared_acts({k for _, _, k in tables}, act, vnni)
+    levels = ACT_QUANT[act]
+    outs = [tuple(np.empty((1, max(1, int(wt[min(j, nw - 1), mv.W_ROWS]))), np.float32) for j in range(3))
+            for wt, nw, _ in tables]  # fmt: skip
+
+    def run(part: list) -> None:
+        for (wt, nw, k), o in part:
+            x, xq, xd, xsum = prepared[k]
+            if levels:
+                mv.matvec_table_i16(wt, nw, o, xq, xd, xsum, rpt, mv.NO_PREFETCH)
+            else:
+                mv.matvec_table_f32(wt, nw, o, x, xsum, rpt, mv.NO_PREFETCH)
+
+    items = list(zip(tables, outs, strict=True))
+    layers, head = items[:-1], items[-1:]
+    split: list[tuple[float, float]] = []
+
+    def one_pass() -> None:
+        t0 = time.perf_counter()
+        run(layers)
+        t1 = time.perf_counter()
+        run(head)
+        split.append((t1 - t0, time.perf_counter() - t1))
+
+    timed(one_pass, repeats)
+    split = split[1:]
+
+    def nbytes(part: list) -> int:
+        return sum(
+            int(wt[j, mv.W_ROWS] * wt[j, mv.W_ROW_BYTES]) for (wt, nw, _), _ in part for j in range(nw)
+        )
+
+    res = {"layers_mb": nbytes(layers) / 1e6, "lm_head_mb": nbytes(head) / 1e6}
+    for name, vals in (("layers", [a for a, _ in split]), ("lm_head", [h for _, h in split]),
+                       ("step", [a + h for a, h in split])):  # fmt: skip
+        res[f"{name}_ms"], res[f"{name}_median_ms"] = 1e3 * min(vals), 1e3 * statistics.median(vals)
+    return res
 
 
 def main() -> int:
@@ -101,11 +175,16 @@ def main() -> int:
     ap.add_argument("--rows-per-task", type=int, default=mv.ROWS_PER_TASK)
     ap.add_argument("--only", default="", help="comma-separated roles to time (default: all)")
     ap.add_argument("--tune", default="", help="backend tunables, e.g. q6_k_as_i8=0")
+    ap.add_argument(
+        "--step", action="store_true", help="a decode step's projections in program order instead"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     model = wb.load(args.model)
     b = CpuBackend(model, threads=max(threads), act_quant=args.act, tune=args.tune or None)
+    if args.step:
+        return step_main(args, b, model, threads)
     rows = []
     only = set(filter(None, args.only.split(",")))
     for name, ws in groups(b).items():
@@ -135,6 +214,32 @@ def main() -> int:
         print(json.dumps({"act": args.act, "vnni": b.vnni, "how": how, "rows": rows}, indent=1))
     else:
         print(f"act {args.act}: {b.device.details['decode_kernels']}")
+    return 0
+
+
+def step_main(args, b: CpuBackend, model, threads: list[int]) -> int:
+    """``--step``: the step's projections per thread count, and the share of the bandwidth bound they leave."""
+    tables = step_tables(b, model)
+    rows = []
+    for t in threads:
+        numba.set_num_threads(t)
+        row = {"threads": t, **time_step(tables, args.act, args.repeats, args.rows_per_task, b.vnni)}
+        row["host_read_gbs"] = stream_read_gbs(t)
+        bound_ms = (row["layers_mb"] + row["lm_head_mb"]) / row["host_read_gbs"]  # MB / (GB/s) = ms
+        row["bound_ms"] = bound_ms
+        row["bound_fraction_at_most"] = bound_ms / row["step_median_ms"]
+        rows.append(row)
+        if not args.json:
+            print(
+                f"t{t}: layers {row['layers_median_ms']:.2f} ms ({row['layers_mb']:.0f} MB), LM head "
+                f"{row['lm_head_median_ms']:.2f} ms ({row['lm_head_mb']:.0f} MB), step {row['step_median_ms']:.2f} ms "
+                f"(medians of {args.repeats}; best {row['step_ms']:.2f}); host read {row['host_read_gbs']:.1f} GB/s: "
+                f"bound {bound_ms:.2f} ms, so the matvecs alone reach at most {100 * row['bound_fraction_at_most']:.0f}%",
+                flush=True,
+            )
+    if args.json:
+        how = "measured (projections in program order from memory; host read measured after them); bound projected"
+        print(json.dumps({"act": args.act, "vnni": b.vnni, "how": how, "step": rows}, indent=1))
     return 0
 
 
