@@ -38,6 +38,23 @@ def test_numba_workers_spin_briefly_unless_the_user_chose():
     assert _python(show, OMP_WAIT_POLICY="ACTIVE") == ["unset"]  # libgomp derives its spin from the policy
 
 
+def test_the_llama_cpp_child_gets_libgomps_own_spin_unless_the_user_chose():
+    show = ("import workbench; from workbench import blas_env as b; "
+            "print(b.foreign_env().get('GOMP_SPINCOUNT', 'unset'))")  # fmt: skip
+    assert _python(show) == ["unset"]  # the 1,000 rounds are for our threads only
+    assert _python(show, GOMP_SPINCOUNT="7") == ["7"]
+
+
+def test_the_llama_cpp_worker_imports_nothing_of_workbench():
+    from workbench.bench.llama_cpp import WORKER
+
+    code = (
+        f"import runpy, sys; sys.argv = ['w']; runpy.run_path({str(WORKER)!r}, run_name='not_main'); "
+        "print('workbench' in sys.modules)"
+    )
+    assert _python(code) == ["False"]
+
+
 def test_numpy_imported_first_is_reported():
     out = _python(
         "import numpy, workbench; from workbench import blas_env as b; print(b.SPINNING, b.thread_timeout())"

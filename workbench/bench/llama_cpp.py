@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+from .. import blas_env
 from .harness import RunTiming
+
+WORKER = Path(__file__).with_name("llama_worker.py")
 
 INSTALL_HINT = (
     "llama.cpp comparison needs llama-cpp-python: pip install -e '.[bench]' "
@@ -31,12 +35,15 @@ def llama_cpp_version() -> str:
 
 
 class LlamaCppRunner:
-    """Drives ``python -m workbench.bench.llama_worker`` over a pipe (one JSON request per line)."""
+    """Drives ``python llama_worker.py`` over a pipe (one JSON request per line). The worker runs as a script,
+    without importing workbench, and with the environment as the user set it: OpenMP's spin as libgomp
+    sets it, not as :mod:`workbench.blas_env` does for our threads."""
 
     def __init__(self, model_path: str, threads: int, n_ctx: int):
         self.version = llama_cpp_version()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workbench.bench.llama_worker", model_path, str(threads), str(n_ctx)],
+            [sys.executable, str(WORKER), model_path, str(threads), str(n_ctx)],
+            env=blas_env.foreign_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

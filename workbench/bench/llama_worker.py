@@ -1,4 +1,5 @@
-"""Child process for the llama.cpp comparison: ``python -m workbench.bench.llama_worker GGUF THREADS N_CTX``.
+"""Child process for the llama.cpp comparison: ``python llama_worker.py GGUF THREADS N_CTX`` (run as a script: it
+imports nothing of workbench, whose import tunes OpenMP and OpenBLAS threads for our own kernels).
 
 Reads one JSON request per line on stdin (``run``, ``rss``, ``quit``) and answers one JSON line on stdout.
 A run is timed exactly like ours: prefill of the prompt, then greedy decode steps of one token each.
@@ -10,6 +11,7 @@ import json
 import resource
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +19,8 @@ import numpy as np
 def main() -> int:
     path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     out = sys.stdout
+    here = Path(__file__).resolve().parent
+    sys.path = [p for p in sys.path if Path(p or ".").resolve() != here]  # our llama_cpp.py is not the package
     try:
         from llama_cpp import Llama
 
