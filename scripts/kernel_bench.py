@@ -11,8 +11,8 @@ speeds with the weights near, not a decode step's.
 ``--step`` times a decode step's own weight stream instead: every projection of the lowered one-token
 program (QKV, attn_output, gate/up, ffn_down of each layer, then the LM head) in program order, 248 MB a
 pass, so each comes from memory. Nothing else of the step runs (no norms, attention or waits between ops).
-With the host's streaming read measured after the passes, it tells how much of the bandwidth bound the
-matvecs alone leave: a decode step cannot be faster than they are.
+With the host's streaming read measured after the passes, it tells how much of the bandwidth bound (the
+GGUF's bytes over that read) the matvecs alone leave: a decode step cannot be faster than they are.
 
     .venv/bin/python scripts/kernel_bench.py [--threads 1,2] [--repeats 7] [--act int16|int8|none] [--tune T]
                                              [--step] [--json]
@@ -124,9 +124,20 @@ def step_tables(b: CpuBackend, model) -> list[tuple[np.ndarray, int, int]]:
     ]
 
 
-def time_step(tables: list, act: str, repeats: int, rpt: int, vnni: bool) -> dict:
+def _bytes(wt: np.ndarray, nw: int, by_addr: dict, model=None) -> int:
+    """Bytes of the first ``nw`` weights of a table: as the kernels read them, or with ``model`` as its file
+    stores them (what the bandwidth bound counts; layouts repacked at load can be larger)."""
+    total = 0
+    for j in range(nw):
+        w = by_addr[int(wt[j, mv.W_ADDR])]
+        total += model.weights[w.name].nbytes if model is not None else w.data.nbytes
+    return total
+
+
+def time_step(tables: list, act: str, repeats: int, rpt: int, vnni: bool, by_addr: dict, model) -> dict:
     """Best and median ms of a decode step's projections in program order: the layers', the LM head's (the
-    last projection) and both; and the weight bytes each part streams."""
+    last projection) and both; and the weight bytes each part streams and stores in ``model``'s file
+    (``by_addr``: the backend's weights by address)."""
     prepared = prepared_acts({k for _, _, k in tables}, act, vnni)
     levels = ACT_QUANT[act]
     outs = [tuple(np.empty((1, max(1, int(wt[min(j, nw - 1), mv.W_ROWS]))), np.float32) for j in range(3))
@@ -154,12 +165,10 @@ def time_step(tables: list, act: str, repeats: int, rpt: int, vnni: bool) -> dic
     timed(one_pass, repeats)
     split = split[1:]
 
-    def nbytes(part: list) -> int:
-        return sum(
-            int(wt[j, mv.W_ROWS] * wt[j, mv.W_ROW_BYTES]) for (wt, nw, _), _ in part for j in range(nw)
-        )
-
-    res = {"layers_mb": nbytes(layers) / 1e6, "lm_head_mb": nbytes(head) / 1e6}
+    res = {}
+    for name, part in (("layers", layers), ("lm_head", head)):
+        res[f"{name}_mb"] = sum(_bytes(wt, nw, by_addr) for (wt, nw, _), _ in part) / 1e6
+        res[f"{name}_gguf_mb"] = sum(_bytes(wt, nw, by_addr, model) for (wt, nw, _), _ in part) / 1e6
     for name, vals in (("layers", [a for a, _ in split]), ("lm_head", [h for _, h in split]),
                        ("step", [a + h for a, h in split])):  # fmt: skip
         res[f"{name}_ms"], res[f"{name}_median_ms"] = 1e3 * min(vals), 1e3 * statistics.median(vals)
@@ -220,12 +229,16 @@ def main() -> int:
 def step_main(args, b: CpuBackend, model, threads: list[int]) -> int:
     """``--step``: the step's projections per thread count, and the share of the bandwidth bound they leave."""
     tables = step_tables(b, model)
+    by_addr = {w.data.ctypes.data: w for w in b.weights.values() if w.fmt >= 0}
     rows = []
     for t in threads:
         numba.set_num_threads(t)
-        row = {"threads": t, **time_step(tables, args.act, args.repeats, args.rows_per_task, b.vnni)}
+        row = {
+            "threads": t,
+            **time_step(tables, args.act, args.repeats, args.rows_per_task, b.vnni, by_addr, model),
+        }
         row["host_read_gbs"] = stream_read_gbs(t)
-        bound_ms = (row["layers_mb"] + row["lm_head_mb"]) / row["host_read_gbs"]  # MB / (GB/s) = ms
+        bound_ms = (row["layers_gguf_mb"] + row["lm_head_gguf_mb"]) / row["host_read_gbs"]  # MB / (GB/s) = ms
         row["bound_ms"] = bound_ms
         row["bound_fraction_at_most"] = bound_ms / row["step_median_ms"]
         rows.append(row)
@@ -234,7 +247,7 @@ def step_main(args, b: CpuBackend, model, threads: list[int]) -> int:
                 f"t{t}: layers {row['layers_median_ms']:.2f} ms ({row['layers_mb']:.0f} MB), LM head "
                 f"{row['lm_head_median_ms']:.2f} ms ({row['lm_head_mb']:.0f} MB), step {row['step_median_ms']:.2f} ms "
                 f"(medians of {args.repeats}; best {row['step_ms']:.2f}); host read {row['host_read_gbs']:.1f} GB/s: "
-                f"bound {bound_ms:.2f} ms, so the matvecs alone reach at most {100 * row['bound_fraction_at_most']:.0f}%",
+                f"bound {bound_ms:.2f} ms (the GGUF's {row['layers_gguf_mb'] + row['lm_head_gguf_mb']:.0f} MB), so the matvecs alone reach at most {100 * row['bound_fraction_at_most']:.0f}%",
                 flush=True,
             )
     if args.json:
