@@ -147,9 +147,9 @@ def time_step(tables: list, act: str, repeats: int, rpt: int, vnni: bool, by_add
         for (wt, nw, k), o in part:
             x, xq, xd, xsum = prepared[k]
             if levels:
-                mv.matvec_table_i16(wt, nw, o, xq, xd, xsum, rpt, mv.NO_PREFETCH)
+                mv.matvec_table_i16(wt, nw, o, xq, xd, xsum, rpt, mv.NO_PREFETCH, mv.NO_MAXIMA)
             else:
-                mv.matvec_table_f32(wt, nw, o, x, xsum, rpt, mv.NO_PREFETCH)
+                mv.matvec_table_f32(wt, nw, o, x, xsum, rpt, mv.NO_PREFETCH, mv.NO_MAXIMA)
 
     items = list(zip(tables, outs, strict=True))
     layers, head = items[:-1], items[-1:]

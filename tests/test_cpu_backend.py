@@ -164,6 +164,26 @@ def test_decode_program_equals_op_by_op(default_model):
         np.testing.assert_array_equal(a, b)
 
 
+def test_greedy_program_token_is_the_argmax_of_its_logits(default_model):
+    """run_greedy takes the argmax from the LM head's tasks (matvec.argmax_of_tasks): the token np.argmax
+    picks from the same step's logits."""
+    cpu = make_backend("cpu", default_model, threads=2)
+    toks = default_model.tokenizer.encode("The argmax comes from the LM head's own tasks.")
+    g1 = cpu.prepare_graph(default_model.graph(1, 1))
+    caches = [cpu.new_cache(64), cpu.new_cache(64)]
+    for cache in caches:
+        cpu.run(cpu.prepare_graph(default_model.graph(len(toks), 1)), Step.single(cache, toks, 0))
+    token = 5
+    for i in range(4):
+        steps = [Step.single(cache, [token], len(toks) + i, "last", "decode") for cache in caches]
+        logits = cpu.run(g1, steps[0])
+        if i % 2:
+            token = cpu.run_greedy(g1, steps[1])
+        else:  # as run_greedy does, but -1 (np.argmax's fallback) fails the test
+            token = pg.execute(cpu, cpu._program(g1, steps[1]), steps[1], None, argmax=True)[1]
+        assert token == int(np.argmax(logits[-1]))
+
+
 @pytest.mark.parametrize("window", [0, 5])
 @pytest.mark.parametrize(("hd", "nh", "nkv", "t"), [(16, 4, 2, 7), (24, 3, 1, 6), (256, 8, 1, 9)])
 def test_attention_of_many_rows_matches_reference(window, hd, nh, nkv, t):

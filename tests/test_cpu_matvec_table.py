@@ -42,10 +42,10 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16, region)
+        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16, region, mv.NO_MAXIMA)
         floats = tuple(np.full_like(o, np.nan) for o in padded)
         mv.block_sums(x, xs)
-        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16, region)
+        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16, region, mv.NO_MAXIMA)
     finally:
         numba.set_num_threads(before)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
@@ -84,3 +84,45 @@ def test_claims_from_both_ends_take_every_task_once(n_tasks, pattern):
     assert all(t == -1 for t in got[len(tasks) :])  # and nothing after the tasks ran out (ends crossed)
     if pattern == [1, 0] and n_tasks >= 4:
         assert tasks[:4] == [0, n_tasks - 1, 1, n_tasks - 2]  # the front and the back in turn
+
+
+@pytest.mark.parametrize("rows", [300, mv.CLAIMED_ROWS + 123])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_task_maxima_give_numpys_argmax(rows, threads):
+    """The LM head's tasks record their largest output; the argmax found from them is np.argmax's (the first
+    of equal maxima), and -1 (np.argmax decides) when an output is NaN or infinite."""
+    rng = np.random.default_rng(rows)
+    cols = 64
+    w = random_blocks(GGMLType.Q8_0, rows, cols, rng)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    xq, xd = np.empty(x.shape, np.int16), np.empty((1, cols // 32), np.float32)
+    xs = np.empty_like(xd)
+    mv.quantize_rows_i16(x, 32767, xq, xd, xs)
+    size, starts, _ = mv._table_tasks(_table([w]), 1, 16)
+    n_tasks = int(starts[1])
+    maxima = np.empty(n_tasks, np.float32)
+    out = np.empty((1, rows), np.float32)
+
+    def argmax(weight: np.ndarray, buf: np.ndarray) -> tuple[int, int]:
+        wt = _table([weight])
+        n = mv.matvec_table_i16(wt, 1, (out, out, out), xq, xd, xs, 16, mv.NO_PREFETCH, buf)
+        return n, (mv.argmax_of_tasks(wt, 16, buf, n, out[0]) if n else -1)
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        assert argmax(w, maxima) == (n_tasks, np.argmax(out[0]))
+        assert argmax(w, mv.NO_MAXIMA)[0] == 0  # not asked for
+        assert argmax(w, maxima[: n_tasks - 1])[0] == 0  # no room for every task
+        for bad in (0x7E00, 0x7C00):  # a block scale of NaN, of +inf: that row's output is not finite
+            broken = w.copy()
+            broken[rows // 2, :2] = np.frombuffer(np.uint16(bad).tobytes(), np.uint8)
+            n, found = argmax(broken, maxima)
+            assert n == n_tasks and found == -1 and not np.isfinite(out[0, rows // 2])
+    finally:
+        numba.set_num_threads(before)
+    ties = out[0].copy()
+    ties[rows // 2] = 0.0
+    ties[[rows // 3, rows - 1]] = np.nanmax(ties) + 1  # equal maxima in different tasks: the first wins
+    per_task = np.array([ties[r : r + size[0]].max() for r in range(0, rows, size[0])], np.float32)
+    assert mv.argmax_of_tasks(_table([w]), 16, per_task, n_tasks, ties) == np.argmax(ties) == rows // 3

@@ -19,8 +19,8 @@ import numpy as np
 def main() -> int:
     path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     out = sys.stdout
-    here = Path(__file__).resolve().parent
-    sys.path = [p for p in sys.path if Path(p or ".").resolve() != here]  # our llama_cpp.py is not the package
+    here = Path(__file__).resolve().parent  # on sys.path, as the script's folder: its llama_cpp.py is ours
+    sys.path = [p for p in sys.path if Path(p or ".").resolve() != here]
     try:
         from llama_cpp import Llama
 

@@ -310,7 +310,7 @@ class CpuBackend(Backend):
         self._rope.clear()
         prog = self._program(graph, step)
         if prog is not None:
-            return pg.execute(self, prog, step, observer).copy()
+            return pg.execute(self, prog, step, observer)[0].copy()
         return self.run_ops(graph, step, lambda op: HANDLERS.get(op.kind), observer)
 
     def run_greedy(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> int:
@@ -320,7 +320,8 @@ class CpuBackend(Backend):
         self.check_tokens(step)
         numba.set_num_threads(self._n_threads)
         self._set_blas_threads(1)
-        return int(np.argmax(pg.execute(self, prog, step, observer)[-1]))
+        logits, token = pg.execute(self, prog, step, observer, argmax=True)
+        return token if token >= 0 else int(np.argmax(logits[-1]))
 
     def _program(self, graph: Graph, step: Step) -> pg.Program | None:
         """The compiled program of a one-token step's graph (None: the graph runs op by op)."""
