@@ -39,10 +39,10 @@ def test_numba_workers_spin_briefly_unless_the_user_chose():
 
 
 def test_the_llama_cpp_child_gets_libgomps_own_spin_unless_the_user_chose():
-    show = ("import workbench; from workbench import blas_env as b; "
-            "print(b.foreign_env().get('GOMP_SPINCOUNT', 'unset'))")  # fmt: skip
-    assert _python(show) == ["unset"]  # the 1,000 rounds are for our threads only
-    assert _python(show, GOMP_SPINCOUNT="7") == ["7"]
+    show = ("import workbench; from workbench import blas_env as b; e = b.foreign_env(); "
+            "print(e.get('GOMP_SPINCOUNT', 'unset'), e.get('OPENBLAS_THREAD_TIMEOUT', 'unset'))")  # fmt: skip
+    assert _python(show) == ["unset", "unset"]  # ours are for our threads only
+    assert _python(show, GOMP_SPINCOUNT="7", OPENBLAS_THREAD_TIMEOUT="9") == ["7", "9"]
 
 
 def test_the_llama_cpp_worker_imports_nothing_of_workbench():

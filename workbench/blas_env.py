@@ -18,7 +18,8 @@ import os
 import sys
 
 TIMEOUT_LOG2_CYCLES = "4"  # OpenBLAS's minimum
-SPINNING = "numpy" in sys.modules and "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+TIMEOUT_SET_HERE = "OPENBLAS_THREAD_TIMEOUT" not in os.environ
+SPINNING = "numpy" in sys.modules and TIMEOUT_SET_HERE
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", TIMEOUT_LOG2_CYCLES)
 
 # numba's OpenMP workers (GNU libgomp) likewise spin after each parallel loop, 300,000 rounds by default
@@ -35,11 +36,13 @@ if GOMP_SPIN_SET_HERE:
 
 
 def foreign_env() -> dict[str, str]:
-    """This process's environment without the spin count set here: for a child that runs another program's
-    OpenMP code (llama.cpp's threads, also libgomp's, ran 1.5-2% slower in decode with 1,000 rounds)."""
+    """This process's environment without the variables set here: for a child that runs another program's
+    threads (llama.cpp's are libgomp's too, and decoded 1.5-2% slower with our 1,000 spin rounds)."""
     env = dict(os.environ)
     if GOMP_SPIN_SET_HERE:
         env.pop("GOMP_SPINCOUNT", None)
+    if TIMEOUT_SET_HERE:
+        env.pop("OPENBLAS_THREAD_TIMEOUT", None)
     return env
 
 

@@ -466,8 +466,8 @@ def _largest(row, r0, r1):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _task_max(wt, size, starts, i, outs, maxima):  # pragma: no cover - compiled
-    """maxima[i] = the largest output of task ``i``, NaN when one is not finite (its rows are still in this
-    core's cache: ~0.1 us for 1024 rows, against a cold pass over all the outputs afterwards)."""
+    """maxima[i] = the largest output of task ``i``, NaN when one is not finite (read while the task's rows
+    are in this core's cache, instead of a cold pass over all the outputs afterwards)."""
     j, r0, r1 = _task_rows(wt, size, starts, i)
     row = outs[j][0]
     maxima[i] = _largest(row, r0, r1) if _all_finite(row, r0, r1) else np.float32(np.nan)
