@@ -247,7 +247,8 @@ def step_main(args, b: CpuBackend, model, threads: list[int]) -> int:
                 f"t{t}: layers {row['layers_median_ms']:.2f} ms ({row['layers_mb']:.0f} MB), LM head "
                 f"{row['lm_head_median_ms']:.2f} ms ({row['lm_head_mb']:.0f} MB), step {row['step_median_ms']:.2f} ms "
                 f"(medians of {args.repeats}; best {row['step_ms']:.2f}); host read {row['host_read_gbs']:.1f} GB/s: "
-                f"bound {bound_ms:.2f} ms (the GGUF's {row['layers_gguf_mb'] + row['lm_head_gguf_mb']:.0f} MB), so the matvecs alone reach at most {100 * row['bound_fraction_at_most']:.0f}%",
+                f"bound {bound_ms:.2f} ms (the GGUF's {row['layers_gguf_mb'] + row['lm_head_gguf_mb']:.0f} MB), "
+                f"so the matvecs alone reach at most {100 * row['bound_fraction_at_most']:.0f}%",
                 flush=True,
             )
     if args.json:
