@@ -29,7 +29,13 @@ from ...quant.repack import Q5_0_X4_BYTES, Q5_0_X4_VALUES, Q6_K_I8_BYTES
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, HALF = ir.FloatType(), ir.HalfType()
-FAST = ("fast",)
+# float flags of the hand-built code: FMA contraction and no NaN/infinity/signed-zero care, but no
+# reassociation. numba links a kernel's compiled code into each caller as one shared definition per name,
+# and a copy re-optimized inside another caller could sum a row in another order: the same step's logits
+# moved by up to 2.6e-3 (default model) with which copy numba's cache loaded first (program against op by
+# op, or one run against the next). With sums in the order written every copy gives the same bits; the hot
+# loops keep their instructions (2-vCPU Zen 5 VM: vpmaddwd, vpdpbusd and FMA counts unchanged).
+FAST = ("nnan", "ninf", "nsz", "contract")
 PREFETCH_AHEAD = 1024  # bytes of the weight stream to prefetch ahead of the block being read
 
 
