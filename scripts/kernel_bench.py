@@ -28,11 +28,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import workbench as wb
+# workbench before numpy: it sets OpenBLAS's thread environment (workbench.blas_env) before numpy loads it
+import workbench as wb  # noqa: I001
+import numpy as np
 from workbench._numba import numba
 from workbench.backends.numba_cpu import ACT_QUANT, CpuBackend
 from workbench.backends.numba_cpu import matvec as mv
