@@ -33,8 +33,8 @@ F32, HALF = ir.FloatType(), ir.HalfType()
 # reassociation. numba links a kernel's compiled code into each caller as one shared definition per name,
 # and a copy re-optimized inside another caller could sum a row in another order: the same step's logits
 # moved by up to 2.6e-3 (default model) with which copy numba's cache loaded first (program against op by
-# op, or one run against the next). With sums in the order written every copy gives the same bits; the hot
-# loops keep their instructions (2-vCPU Zen 5 VM: vpmaddwd, vpdpbusd and FMA counts unchanged).
+# op, or one run against the next). With sums in the order written every copy gives the same bits, and the
+# hot loops keep their instructions (matvec_table_i16 on the Zen 5 VM: vpmaddwd, vpdpbusd, FMA counts equal).
 FAST = ("nnan", "ninf", "nsz", "contract")
 PREFETCH_AHEAD = 1024  # bytes of the weight stream to prefetch ahead of the block being read
 
