@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -188,7 +188,6 @@ class Program:
     rope_chunk: tuple = ()  # (first position, [(cos, sin) per rope key]) of the positions in use
     kv_held: tuple = ()  # (cache, its layers' position arrays, room, KV address table) of the last run
     maxima: np.ndarray | None = None  # per-task maxima of the last projection (the greedy argmax), made once
-    no_maxima: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
 
 
 LOWERED = {"embed", "rmsnorm_matmul", "rmsnorm_matmul_gelu", "rmsnorm_rope", "attention", "matmul_rmsnorm_add",
@@ -371,7 +370,7 @@ def execute(
     kv = _kv_table(prog, cache, pos)
     rope = _rope_rows(prog, pos)
     stamps = np.zeros(len(prog.ops) + 1 if observer is not None else 0, np.int64)
-    maxima = _maxima(prog, b.rows_per_task) if argmax else prog.no_maxima
+    maxima = _maxima(prog, b.rows_per_task) if argmax else mv.NO_MAXIMA
     t0 = time.perf_counter()
     token = run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos, rope, kv,
                         b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima)  # fmt: skip
