@@ -47,7 +47,8 @@ def role(name: str) -> str:
 
 def layout(w) -> str:
     """The format the kernels read: the GGUF type, or the layout it was repacked into at load."""
-    return {mv.Q6_K_I8: "Q6_K_I8", mv.Q5_0_X4: "Q5_0_X4"}.get(w.fmt, w.type.name)
+    names = {mv.Q6_K_I8: "Q6_K_I8", mv.Q5_0_X4: "Q5_0_X4", mv.Q8_0_R16: "Q8_0_R16", mv.Q5_0_R16: "Q5_0_R16"}
+    return names.get(w.fmt, w.type.name)
 
 
 def groups(b: CpuBackend) -> dict[str, list]:

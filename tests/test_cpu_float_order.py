@@ -13,7 +13,7 @@ import pytest
 from numba import types
 
 from workbench._numba import numba
-from workbench.backends.numba_cpu import attend_simd, dot16, dotwide, matvec, nm, qsimd
+from workbench.backends.numba_cpu import attend_simd, dot16, dotwide, interleaved, matvec, nm, qsimd
 
 FLAGS = "fast|reassoc|nnan|ninf|nsz|arcp|contract|afn"
 FLOAT_OP = re.compile(rf"= (fadd|fsub|fmul|fdiv|fneg|call)((?: (?:{FLAGS}))*) ")
@@ -30,6 +30,7 @@ def _intrinsics() -> dict[str, object]:
     for f in dotwide.BODIES:
         found[f"wide_{int(f)}"] = dotwide.make_dot_i16_wide(f)
     found["score_keys"], found["weigh_values"] = attend_simd.score_keys, attend_simd.weigh_values
+    found["dot16_q8_0"], found["dot16_q5_0"] = interleaved.dot16_q8_0, interleaved.dot16_q5_0
     for kind in nm.VALUE_BYTES:
         found[f"nm_{kind}"] = nm.make_dot_2_4(kind)
     for asym in (False, True):

@@ -145,7 +145,7 @@ def test_backend_regroups_q5_0_rows_of_128_values_and_keeps_the_others(tmp_path,
         for n, w in tiny_weights(config).items()
     }
     model = wb.load(write_gguf(tmp_path / "q5.gguf", config, tensors, tiny_vocab()))
-    cpu = wb.Engine(model, "cpu", threads=2, tune="q5_0_as_x4=1,q5_0_as_q8_0=0")
+    cpu = wb.Engine(model, "cpu", threads=2, tune="q5_0_as_x4=1,q5_0_as_q8_0=0,interleave_rows=0")
     fmts = {n: w.fmt for n, w in cpu.backend.weights.items() if model.weights[n].type == GGMLType.Q5_0}
     assert fmts and all(
         f == (mv.Q5_0_X4 if model.weights[n].cols % 128 == 0 else mv.Q5_0) for n, f in fmts.items()

@@ -15,6 +15,18 @@ regrouped: ``[4 fp16 scales: 8][4 fifth-bit words: 16][2 x 32 nibble bytes]``, w
 pair of blocks holds value ``j`` of the first block in its low nibble and value ``j`` of the second in its
 high one (as Q4_K pairs its sub-blocks). A kernel widens 32 bytes once and masks or shifts out two whole
 blocks in value order, where a GGUF Q5_0 block splits its values 0-15 and 16-31 over the nibbles of 16 bytes.
+
+Q8_0 -> Q8_0_R16 and Q5_0 -> Q5_0_R16 (layouts of the cpu backend): as many bytes, each 16 rows interleaved
+so that one 512-bit vector holds a pair of values of 16 rows, and the kernel's 16 lanes are 16 rows (one
+``vpdpwssd`` per 32 values, one conversion and FMA per block of 16 rows). The array keeps its shape (rows,
+bytes per row); 16 rows at a time, block ``b`` of the group (``16 x`` the block's bytes) holds:
+
+* Q8_0_R16 (544 bytes): ``[16 fp16 scales, row order: 32][16 pair slots of 32 bytes]``, slot ``k`` holding
+  values ``2k, 2k + 1`` of rows 0..15 (two int8 per row);
+* Q5_0_R16 (352 bytes): ``[16 fp16 scales: 32][16 fifth-bit words: 64][8 nibble slots of 32 bytes]``: word
+  ``k`` holds in bits ``2r, 2r + 1`` the fifth bits of values ``2k, 2k + 1`` of row ``r``; nibble slot ``p``
+  holds bytes ``2p, 2p + 1`` of each row's 16 nibble bytes, so its low nibbles are values ``2p, 2p + 1`` and
+  its high ones values ``16 + 2p, 17 + 2p``.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from .dequant import _q5_bits, q6_k_codes
 Q5_0_BYTES, Q8_0_BYTES = 22, 34
 Q6_K_BYTES, Q6_K_I8_BYTES = 210, 274
 Q5_0_X4_BYTES, Q5_0_X4_VALUES = 88, 128
+ROW_GROUP = 16  # rows interleaved by the _R16 layouts
 
 
 def q5_0_to_q8_0(raw: np.ndarray) -> np.ndarray:
@@ -65,3 +78,45 @@ def q5_0_to_x4(raw: np.ndarray) -> np.ndarray:
     out[:, 8:24] = b[:, :, 2:6].reshape(-1, 16)
     out[:, 24:] = (nib[:, 0::2] | (nib[:, 1::2] << 4)).reshape(-1, 64)
     return out.reshape(raw.shape[0], -1)
+
+
+def _row_groups(raw: np.ndarray, block_bytes: int, name: str) -> np.ndarray:
+    """``raw`` (rows, blocks * block_bytes) as (groups, 16 rows, blocks, block_bytes), checked."""
+    if raw.ndim != 2 or raw.shape[1] % block_bytes or raw.shape[0] % ROW_GROUP:
+        raise ValueError(
+            f"{name} rows to interleave must be (a multiple of {ROW_GROUP} rows, a multiple of {block_bytes} "
+            f"bytes), got {raw.shape}"
+        )
+    return np.ascontiguousarray(raw).reshape(-1, ROW_GROUP, raw.shape[1] // block_bytes, block_bytes)
+
+
+def _scales_first(g: np.ndarray, out: np.ndarray) -> None:
+    """Each block's 16 fp16 scales (bytes 0-1 of every row's block) into bytes 0-31 of ``out``'s blocks."""
+    out[:, :, 0:32] = g[:, :, :, 0:2].transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[1], 32)
+
+
+def q8_0_to_r16(raw: np.ndarray) -> np.ndarray:
+    """Q8_0 rows (a multiple of 16 rows, blocks * 34 bytes) as Q8_0_R16 rows: the same shape and bytes, moved."""
+    g = _row_groups(raw, Q8_0_BYTES, "Q8_0")
+    n_g, _, nb, _ = g.shape
+    out = np.empty((n_g, nb, ROW_GROUP * Q8_0_BYTES), np.uint8)
+    _scales_first(g, out)
+    pairs = g[:, :, :, 2:].reshape(n_g, ROW_GROUP, nb, 16, 2)  # (group, row, block, slot, 2 values)
+    out[:, :, 32:] = pairs.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, 512)
+    return out.reshape(raw.shape)
+
+
+def q5_0_to_r16(raw: np.ndarray) -> np.ndarray:
+    """Q5_0 rows (a multiple of 16 rows, blocks * 22 bytes) as Q5_0_R16 rows of the same shape (the fifth bits
+    regrouped by value pair)."""
+    g = _row_groups(raw, Q5_0_BYTES, "Q5_0")
+    n_g, _, nb, _ = g.shape
+    out = np.empty((n_g, nb, ROW_GROUP * Q5_0_BYTES), np.uint8)
+    _scales_first(g, out)
+    bits = _q5_bits(g[:, :, :, 2:6].reshape(-1, 4)).reshape(n_g, ROW_GROUP, nb, 16, 2)  # (.., slot, 2 values)
+    bits = bits.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, 16, 32).astype(np.uint32)  # bit 2r + j of word k
+    words = (bits << np.arange(32, dtype=np.uint32)).sum(axis=3, dtype=np.uint32)
+    out[:, :, 32:96] = words.astype("<u4").view(np.uint8).reshape(n_g, nb, 64)
+    nibs = g[:, :, :, 6:].reshape(n_g, ROW_GROUP, nb, 8, 2)  # (group, row, block, slot, 2 bytes)
+    out[:, :, 96:] = nibs.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, 256)
+    return out.reshape(raw.shape)

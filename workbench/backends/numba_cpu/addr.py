@@ -31,6 +31,11 @@ def i8_ptr(typingctx, addr):
 
 
 @intrinsic
+def u8_ptr(typingctx, addr):
+    return _cast(types.uint8, ir.IntType(8), addr)
+
+
+@intrinsic
 def i16_ptr(typingctx, addr):
     return _cast(types.int16, ir.IntType(16), addr)
 

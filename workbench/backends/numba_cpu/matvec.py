@@ -18,7 +18,19 @@ from .addr import i16_ptr, prefetch
 from .dot16 import make_dot_i16
 from .dotvnni import HAS_VNNI, UNIT_VALUES, VNNI_ORDER, make_dot_vnni
 from .dotwide import make_dot_i16_wide, use_wide_kernels
-from .simd import DECODERS, Q5_0_X4, Q6_K_I8, REPACKED, make_dequant, make_dot_f32
+from .interleaved import gguf_row
+from .interleaved import rows_i16 as r16_rows_i16
+from .simd import (
+    DECODERS,
+    INTERLEAVED,
+    Q5_0_R16,
+    Q5_0_X4,
+    Q6_K_I8,
+    Q8_0_R16,
+    REPACKED,
+    make_dequant,
+    make_dot_f32,
+)
 
 njit, prange = numba.njit, numba.prange
 
@@ -28,7 +40,7 @@ Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K = (
 F32, F16, BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
 QUANT_TYPES = frozenset(DECODERS)
 # CpuWeight.fmt values of the GGUF block formats and of the layouts they are repacked into
-QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES) | frozenset(REPACKED)
+QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES) | frozenset(REPACKED) | frozenset(INTERLEAVED)
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
 # AVX-512BW hosts: Q8_0, Q5_0, Q4_K, Q6_K_I8 rows in 512-bit operations (dotwide.py)
@@ -135,6 +147,9 @@ def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover
 def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """:func:`_rows_i16` for a weight given by its address ``wa`` and row bytes ``rb``; an int8 ``xq``
     (:func:`act_codes`) runs the VNNI kernels where the format has one."""
+    if fmt in (Q8_0_R16, Q5_0_R16):
+        r16_rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, out, c0)
+        return
     for t in range(xq.shape[0]):
         q, d, s = (
             xq.ctypes.data + t * xq.strides[0],
@@ -204,6 +219,9 @@ def _rows_f32(fmt, w, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - co
 @njit(cache=True)
 def _rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
     """The exact-float twin of :func:`_rows_i16_at`."""
+    if fmt in (Q8_0_R16, Q5_0_R16):
+        rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0)
+        return
     for t in range(x.shape[0]):
         xp, s = x.ctypes.data + t * x.strides[0], xs.ctypes.data + t * xs.strides[0]
         if fmt == Q8_0:
@@ -233,7 +251,28 @@ def _rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no co
 
 
 @njit(cache=True)
-def _dequant(fmt, row, out, n_units):  # pragma: no cover - compiled
+def rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0):  # pragma: no cover - compiled
+    """out[t, c0 + n - r0] = row n . x[t] for rows r0..r1, each row dequantized (:func:`_dequant`) and
+    summed in float in value order: the exact path of the interleaved layouts, which have no float kernel
+    (the backend interleaves only for quantized activations)."""
+    w = np.empty(n_units * 32, np.float32)
+    for n in range(r0, r1):
+        _dequant(fmt, wa, rb, n, w.ctypes.data, n_units)
+        for t in range(x.shape[0]):
+            s = np.float32(0.0)
+            for i in range(w.shape[0]):
+                s += w[i] * x[t, i]
+            out[t, c0 + n - r0] = s
+
+
+@njit(cache=True)
+def _dequant(fmt, wa, rb, n, out, n_units):  # pragma: no cover - compiled
+    """Row ``n`` of the weight at ``wa`` (``rb`` bytes a row) as float32 at ``out``."""
+    row = wa + n * rb
+    if fmt in (Q8_0_R16, Q5_0_R16):
+        buf = np.empty(rb, np.uint8)
+        gguf_row(fmt, wa, rb, n, buf)
+        fmt, row = (Q8_0 if fmt == Q8_0_R16 else Q5_0), buf.ctypes.data
     if fmt == Q8_0:
         dq_q8_0(row, out, n_units)
     elif fmt == Q5_0:
@@ -316,7 +355,7 @@ def dequantize_rows(fmt, w, n_units, row0, out):  # pragma: no cover - compiled
     """out[i] = float32 values of row ``row0 + i`` of w, for every row of ``out``."""
     rb = w.shape[1]
     for i in prange(out.shape[0]):
-        _dequant(fmt, w.ctypes.data + (row0 + i) * rb, out.ctypes.data + i * out.strides[0], n_units)
+        _dequant(fmt, w.ctypes.data, rb, row0 + i, out.ctypes.data + i * out.strides[0], n_units)
 
 
 @njit(cache=True)
@@ -324,7 +363,7 @@ def dequantize_gather(fmt, w, n_units, rows, out):  # pragma: no cover - compile
     """out[i] = float32 values of row ``rows[i]`` of w (embedding lookup)."""
     rb = w.shape[1]
     for i in range(rows.shape[0]):
-        _dequant(fmt, w.ctypes.data + rows[i] * rb, out.ctypes.data + i * out.strides[0], n_units)
+        _dequant(fmt, w.ctypes.data, rb, rows[i], out.ctypes.data + i * out.strides[0], n_units)
 
 
 # weight tables for the step programs (program.py): one row per weight, columns below

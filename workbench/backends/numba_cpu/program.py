@@ -115,7 +115,7 @@ def run_program(
         out = _view(arena, c[C_OUT], n)
         if op == EMBED:
             w = wts[i, 0]
-            mv._dequant(w[mv.W_FMT], w[mv.W_ADDR] + token * w[mv.W_ROW_BYTES], out.ctypes.data, w[mv.W_UNITS])
+            mv._dequant(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], token, out.ctypes.data, w[mv.W_UNITS])
             k.scale_rows(out, fp[i, F_SCALE])
         elif op == NORM_ROPE:
             t = c[C_AUX]

@@ -16,13 +16,15 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from ...quant.formats import GGMLType
-from .matvec import _tasks
+from .matvec import _tasks, rows_f32_by_dequant
 from .simd import (
     F32,
     I64,
     PREFETCH_AHEAD,
+    Q5_0_R16,
     Q5_0_X4,
     Q6_K_I8,
+    Q8_0_R16,
     _as_ptr,
     _for_units,
     _prefetch,
@@ -124,6 +126,9 @@ rows_q6_k_i8, rows_q5_0_x4 = make_dot_rows_f32(Q6_K_I8, ROWS), make_dot_rows_f32
 def _rows(fmt, w, n_units, r0, r1, x, out):  # pragma: no cover - compiled
     """out[:, n] = x @ row n of w for weight rows r0..r1; x has a multiple of ROWS rows."""
     wa, rb = w.ctypes.data, w.shape[1]
+    if fmt in (Q8_0_R16, Q5_0_R16):
+        rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, r0)
+        return
     xs, os = x.strides[0], out.strides[0]
     for t0 in range(0, x.shape[0], ROWS):
         xa, oa = x.ctypes.data + t0 * xs, out.ctypes.data + t0 * os

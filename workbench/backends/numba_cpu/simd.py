@@ -251,10 +251,16 @@ REPACKED: dict[int, FormatCode] = {
     Q6_K_I8: FormatCode(_q6_k_i8, Q6_K_I8_BYTES, 256),
     Q5_0_X4: FormatCode(_q5_0_x4, Q5_0_X4_BYTES, Q5_0_X4_VALUES),
 }
+# layouts that interleave 16 rows (interleaved.py); each the GGUF type its rows are read back as
+Q8_0_R16, Q5_0_R16 = 902, 903
+INTERLEAVED: dict[int, GGMLType] = {Q8_0_R16: GGMLType.Q8_0, Q5_0_R16: GGMLType.Q5_0}
 
 
 def format_code(fmt: int) -> FormatCode:
-    """The decoder of a GGML block type or of a repacked layout."""
+    """The decoder of a GGML block type or of a repacked layout; of an interleaved layout, that of its GGUF
+    type (its sizes per row hold; its rows are not contiguous, so only interleaved.py decodes it)."""
+    if fmt in INTERLEAVED:
+        return DECODERS[INTERLEAVED[fmt]]
     return DECODERS[fmt] if fmt in DECODERS else REPACKED[fmt]
 
 
