@@ -30,7 +30,8 @@ def _intrinsics() -> dict[str, object]:
     for f in dotwide.BODIES:
         found[f"wide_{int(f)}"] = dotwide.make_dot_i16_wide(f)
     found["score_keys"], found["weigh_values"] = attend_simd.score_keys, attend_simd.weigh_values
-    found["dot16_q8_0"], found["dot16_q5_0"] = interleaved.dot16_q8_0, interleaved.dot16_q5_0
+    for name in ("dot16_q8_0", "dot16_q5_0", "dot16_q4_k"):
+        found[name] = getattr(interleaved, name)
     for kind in nm.VALUE_BYTES:
         found[f"nm_{kind}"] = nm.make_dot_2_4(kind)
     for asym in (False, True):

@@ -13,14 +13,16 @@ from workbench.backends.base import Step
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import rows as rk
 from workbench.backends.numba_cpu import rows16 as r16
+from workbench.backends.numba_cpu.simd import Q4_K_R16, Q5_0_R16, Q8_0_R16
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
-from workbench.quant.repack import q5_0_to_r16, q8_0_to_r16
+from workbench.quant.repack import q4_k_to_r16, q5_0_to_r16, q8_0_to_r16
 
-LAYOUTS = {
-    "Q8_0_R16": (GGMLType.Q8_0, mv.Q8_0_R16, q8_0_to_r16),
-    "Q5_0_R16": (GGMLType.Q5_0, mv.Q5_0_R16, q5_0_to_r16),
+LAYOUTS = {  # GGUF type, layout, interleaving, values of a unit (block or superblock)
+    "Q8_0_R16": (GGMLType.Q8_0, Q8_0_R16, q8_0_to_r16, 32),
+    "Q5_0_R16": (GGMLType.Q5_0, Q5_0_R16, q5_0_to_r16, 32),
+    "Q4_K_R16": (GGMLType.Q4_K, Q4_K_R16, q4_k_to_r16, 256),
 }
 EMPTY_W, EMPTY_O = np.zeros((0, 1), np.uint8), np.zeros((1, 0), np.float32)
 
@@ -30,6 +32,8 @@ def test_interleaving_rejects_bad_shapes():
         q8_0_to_r16(np.zeros((15, 34), np.uint8))
     with pytest.raises(ValueError, match="multiple of 22 bytes"):
         q5_0_to_r16(np.zeros((16, 23), np.uint8))
+    with pytest.raises(ValueError, match="multiple of 144 bytes"):
+        q4_k_to_r16(np.zeros((32, 145), np.uint8))
 
 
 def _quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -41,14 +45,15 @@ def _quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @settings(max_examples=10, deadline=None)
-@given(groups=st.integers(1, 4), blocks=st.integers(1, 21), t=st.integers(1, 3), seed=st.integers(0, 2**31))
-def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, blocks, t, seed):
+@given(groups=st.integers(1, 4), units=st.integers(1, 21), t=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, units, t, seed):
     """The same weights; the int16 matvec equals the GGUF blocks' kernel up to the
     order of float sums, whatever rows a task covers (tasks cutting groups included); the float, batched
     and gather paths read each row back exactly."""
-    qtype, fmt, interleave = LAYOUTS[layout]
+    qtype, fmt, interleave, unit_values = LAYOUTS[layout]
+    blocks = units if unit_values == 32 else 1 + units % 4  # Q4_K: 1-4 superblocks
     rng = np.random.default_rng(seed)
-    rows, cols = 16 * groups, 32 * blocks
+    rows, cols = 16 * groups, unit_values * blocks
     raw = random_blocks(qtype, rows, cols, rng)
     packed = interleave(raw)
     assert packed.shape == raw.shape
@@ -91,9 +96,9 @@ def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, blocks, t,
     np.testing.assert_array_equal(batched[:t], exact)
 
 
-def test_backend_interleaves_q8_0_and_q5_0_for_int16_decode_only(default_model):
-    """int16 activations on this host: the LM head (Q8_0) and the Q5_0 projections interleaved, unless told
-    not to; int8 and float activations keep the rows whole. The decode step's logits move only by the
+def test_backend_interleaves_q8_0_q5_0_and_q4_k_for_int16_decode_only(default_model):
+    """int16 activations on this host: the LM head (Q8_0), the Q5_0 and the Q4_K projections interleaved,
+    unless told not to; int8 and float activations keep the rows whole. The decode step's logits move only by the
     order of float sums, which 18 layers amplify (measured: at most 3.6e-3, logits of magnitude ~20-40;
     the issue allows 0.05 against the numpy reference)."""
     toks = default_model.tokenizer.encode("Interleaving must not change the model.")
@@ -103,8 +108,9 @@ def test_backend_interleaves_q8_0_and_q5_0_for_int16_decode_only(default_model):
         cpu = make_backend("cpu", default_model, threads=2, act_quant=act, tune=tune or None)
         on = act == "int16" and not tune and mv.VNNI
         assert cpu.device.details["interleave_rows"] == on
-        assert cpu.weights[head].fmt == (mv.Q8_0_R16 if on else int(GGMLType.Q8_0))
-        assert (cpu.weights["blk.0.attn_q.weight"].fmt == mv.Q5_0_R16) == on
+        assert cpu.weights[head].fmt == (Q8_0_R16 if on else int(GGMLType.Q8_0))
+        assert (cpu.weights["blk.0.attn_q.weight"].fmt == Q5_0_R16) == on
+        assert (cpu.weights["blk.0.attn_output.weight"].fmt == Q4_K_R16) == on
         cache = cpu.new_cache(64)
         cpu.run(cpu.prepare_graph(default_model.graph(len(toks), 1)), Step.single(cache, toks, 0))
         g1 = cpu.prepare_graph(default_model.graph(1, 1))

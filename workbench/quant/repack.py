@@ -26,7 +26,11 @@ bytes per row); 16 rows at a time, block ``b`` of the group (``16 x`` the block'
 * Q5_0_R16 (352 bytes): ``[16 fp16 scales: 32][16 fifth-bit words: 64][8 nibble slots of 32 bytes]``: word
   ``k`` holds in bits ``2r, 2r + 1`` the fifth bits of values ``2k, 2k + 1`` of row ``r``; nibble slot ``p``
   holds bytes ``2p, 2p + 1`` of each row's 16 nibble bytes, so its low nibbles are values ``2p, 2p + 1`` and
-  its high ones values ``16 + 2p, 17 + 2p``.
+  its high ones values ``16 + 2p, 17 + 2p``;
+* Q4_K_R16 (a superblock, 2304 bytes): ``[16 fp16 d: 32][16 fp16 dmin: 32][12 scale-byte planes of 16:
+  192][64 nibble slots of 32 bytes]``: plane ``i`` holds scale byte ``i`` of each row; slot ``16c + k`` holds
+  bytes ``32c + 2k, 32c + 2k + 1`` of each row's 128 nibble bytes: values ``2k, 2k + 1`` of sub-block ``2c``
+  in its low nibbles, of sub-block ``2c + 1`` in its high ones.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from .dequant import _q5_bits, q6_k_codes
 
 Q5_0_BYTES, Q8_0_BYTES = 22, 34
 Q6_K_BYTES, Q6_K_I8_BYTES = 210, 274
+Q4_K_BYTES = 144
 Q5_0_X4_BYTES, Q5_0_X4_VALUES = 88, 128
 ROW_GROUP = 16  # rows interleaved by the _R16 layouts
 
@@ -90,20 +95,18 @@ def _row_groups(raw: np.ndarray, block_bytes: int, name: str) -> np.ndarray:
     return np.ascontiguousarray(raw).reshape(-1, ROW_GROUP, raw.shape[1] // block_bytes, block_bytes)
 
 
-def _scales_first(g: np.ndarray, out: np.ndarray) -> None:
-    """Each block's 16 fp16 scales (bytes 0-1 of every row's block) into bytes 0-31 of ``out``'s blocks."""
-    out[:, :, 0:32] = g[:, :, :, 0:2].transpose(0, 2, 1, 3).reshape(out.shape[0], out.shape[1], 32)
+def _interleaved(g: np.ndarray, start: int, stop: int, granule: int) -> np.ndarray:
+    """Bytes ``start:stop`` of each row's block of the row groups ``g`` (:func:`_row_groups`), in granules of
+    ``granule`` bytes, granule by granule and within one the 16 rows: (groups, blocks, 16 * (stop - start))."""
+    n_g, _, nb, _ = g.shape
+    parts = g[:, :, :, start:stop].reshape(n_g, ROW_GROUP, nb, (stop - start) // granule, granule)
+    return parts.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, -1)
 
 
 def q8_0_to_r16(raw: np.ndarray) -> np.ndarray:
     """Q8_0 rows (a multiple of 16 rows, blocks * 34 bytes) as Q8_0_R16 rows: the same shape and bytes, moved."""
     g = _row_groups(raw, Q8_0_BYTES, "Q8_0")
-    n_g, _, nb, _ = g.shape
-    out = np.empty((n_g, nb, ROW_GROUP * Q8_0_BYTES), np.uint8)
-    _scales_first(g, out)
-    pairs = g[:, :, :, 2:].reshape(n_g, ROW_GROUP, nb, 16, 2)  # (group, row, block, slot, 2 values)
-    out[:, :, 32:] = pairs.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, 512)
-    return out.reshape(raw.shape)
+    return np.concatenate([_interleaved(g, 0, 2, 2), _interleaved(g, 2, 34, 2)], axis=2).reshape(raw.shape)
 
 
 def q5_0_to_r16(raw: np.ndarray) -> np.ndarray:
@@ -112,11 +115,23 @@ def q5_0_to_r16(raw: np.ndarray) -> np.ndarray:
     g = _row_groups(raw, Q5_0_BYTES, "Q5_0")
     n_g, _, nb, _ = g.shape
     out = np.empty((n_g, nb, ROW_GROUP * Q5_0_BYTES), np.uint8)
-    _scales_first(g, out)
+    out[:, :, 0:32] = _interleaved(g, 0, 2, 2)
     bits = _q5_bits(g[:, :, :, 2:6].reshape(-1, 4)).reshape(n_g, ROW_GROUP, nb, 16, 2)  # (.., slot, 2 values)
     bits = bits.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, 16, 32).astype(np.uint32)  # bit 2r + j of word k
     words = (bits << np.arange(32, dtype=np.uint32)).sum(axis=3, dtype=np.uint32)
     out[:, :, 32:96] = words.astype("<u4").view(np.uint8).reshape(n_g, nb, 64)
-    nibs = g[:, :, :, 6:].reshape(n_g, ROW_GROUP, nb, 8, 2)  # (group, row, block, slot, 2 bytes)
-    out[:, :, 96:] = nibs.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, 256)
+    out[:, :, 96:] = _interleaved(g, 6, 22, 2)
     return out.reshape(raw.shape)
+
+
+def q4_k_to_r16(raw: np.ndarray) -> np.ndarray:
+    """Q4_K rows (a multiple of 16 rows, superblocks * 144 bytes) as Q4_K_R16 rows: the same shape and bytes,
+    moved."""
+    g = _row_groups(raw, Q4_K_BYTES, "Q4_K")
+    fields = (
+        _interleaved(g, 0, 2, 2),
+        _interleaved(g, 2, 4, 2),
+        _interleaved(g, 4, 16, 1),
+        _interleaved(g, 16, 144, 2),
+    )
+    return np.concatenate(fields, axis=2).reshape(raw.shape)

@@ -32,6 +32,7 @@ from ...quant.planar import PlanarTensor
 from ...quant.repack import (
     Q5_0_X4_VALUES,
     ROW_GROUP,
+    q4_k_to_r16,
     q5_0_to_q8_0,
     q5_0_to_r16,
     q5_0_to_x4,
@@ -48,7 +49,7 @@ from . import qformats as qf
 from . import rows as rk
 from . import rows16 as r16
 from . import sparse as sp
-from .simd import format_code
+from .simd import Q4_K_R16, Q5_0_R16, Q8_0_R16, format_code
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
 Env = dict[str, np.ndarray]
@@ -229,7 +230,11 @@ class CpuBackend(Backend):
         qt = self.model.weights[name]
         if isinstance(qt, PlanarTensor):  # re-quantized (workbench.quant.planar): native planar kernels
             return qf.cpu_weight(qt)
-        to_r16 = {GGMLType.Q8_0: (mv.Q8_0_R16, q8_0_to_r16), GGMLType.Q5_0: (mv.Q5_0_R16, q5_0_to_r16)}
+        to_r16 = {
+            GGMLType.Q8_0: (Q8_0_R16, q8_0_to_r16),
+            GGMLType.Q5_0: (Q5_0_R16, q5_0_to_r16),
+            GGMLType.Q4_K: (Q4_K_R16, q4_k_to_r16),
+        }
         if self.interleave_rows and interleave and qt.type in to_r16 and qt.rows % ROW_GROUP == 0:
             fmt, repack = to_r16[qt.type]
             return CpuWeight(name, qt.type, fmt, repack(qt.raw), mv.units(qt.type, qt.cols))
@@ -284,7 +289,7 @@ class CpuBackend(Backend):
                 "q5_0_as_x4": self.q5_0_as_x4,
                 "q6_k_as_i8": self.q6_k_as_i8,
                 "interleave_rows": self.interleave_rows,
-                "decode_kernels": _decode_kernels(self.vnni),
+                "decode_kernels": _decode_kernels(self.vnni, self.interleave_rows),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
@@ -462,11 +467,14 @@ class CpuBackend(Backend):
         return tab
 
 
-def _decode_kernels(vnni: bool) -> str:
-    """What the decode matvecs run: 512-bit or 128-bit int16 kernels, int8 ones by VNNI."""
+def _decode_kernels(vnni: bool, interleaved: bool) -> str:
+    """What the decode matvecs run: 512-bit or 128-bit int16 kernels, int8 ones by VNNI, rows interleaved."""
     if vnni:
         return "512-bit, int8 activations by vpdpbusd (AVX512-VNNI host)"
-    return "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit"
+    wide = "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit"
+    if not interleaved:
+        return wide
+    return f"{wide}; Q8_0, Q5_0, Q4_K rows interleaved 16 at a time" + (" (vpdpwssd)" if mv.HAS_VNNI else "")
 
 
 def _blas_label(blas: ThreadpoolController) -> str:

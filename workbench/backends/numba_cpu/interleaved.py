@@ -1,18 +1,21 @@
-"""Decode matvecs on rows interleaved 16 at a time (Q8_0_R16, Q5_0_R16; :mod:`workbench.quant.repack`).
+"""Decode matvecs on rows interleaved 16 at a time (Q8_0_R16, Q5_0_R16, Q4_K_R16; :mod:`workbench.quant.repack`).
 
 The row-by-row kernels (:mod:`.dotwide`) spend per 32-value block of a row one ``vpmaddwd``, one conversion
 to float and one FMA, plus the block's decoding. Here a 512-bit vector holds values ``2k, 2k + 1`` of 16
 rows, and the activations' pair ``2k, 2k + 1`` is one broadcast int32: ``vpdpwssd`` accumulates the pair's
 products into the 16 rows' int32 lanes, 16 such per block, then one conversion and one FMA (by the 16 rows'
-scales times the block's activation scale) per block *of 16 rows*. The integer sums are those of the row
-kernels (exact), so only the order of the float sums differs.
+scales times the block's activation scale) per block *of 16 rows*; Q4_K's 6-bit scales and mins are
+unpacked once per superblock for the 16 rows at once. The integer sums are those of the row kernels
+(exact), so only the order of the float sums differs.
 
-Measured on the 2-vCPU Zen 5 VM (one thread, 256 x 2048 weights in L2, ns per 32 values of a row): Q8_0
-0.746 -> 0.432, Q5_0 (against Q5_0_X4) 0.856 -> 0.501.
+Measured on the 2-vCPU Zen 5 VM, one thread: 256 x 2048 weights in L2, ns per 32 values of a row, Q8_0
+0.746 -> 0.432, Q5_0 (against Q5_0_X4) 0.856 -> 0.501; ``scripts/kernel_bench.py --threads 1`` (the default
+model's tensors of all 18 layers in turn, best of 7), ms a pass: attn_q 0.36 -> 0.25, attn_output (Q4_K)
+0.33 -> 0.20, ffn_gate 0.70 -> 0.46, ffn_up 0.67 -> 0.46, the Q4_K ffn_down 0.28 -> 0.15; the seven layer
+roles 2.82 -> 1.94 ms.
 
 On a host without AVX512-VNNI the same arithmetic is emitted as plain IR (``vpmaddwd`` and an add):
-correct anywhere, and the backend interleaves by default only where ``vpdpwssd`` exists.
-"""
+correct anywhere, and the backend interleaves by default only where ``vpdpwssd`` exists."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..._numba import numba
-from ...quant.repack import Q5_0_BYTES, Q8_0_BYTES, ROW_GROUP
+from ...quant.repack import Q4_K_BYTES, Q5_0_BYTES, Q8_0_BYTES, ROW_GROUP
 from .addr import u8_ptr
 from .dotvnni import HAS_VNNI
 from .dotwide import PREFETCH_AHEAD
@@ -35,6 +38,7 @@ from .simd import (
     I16,
     I32,
     I64,
+    Q4_K_R16,
     Q5_0_R16,
     Q8_0_R16,
     _as_ptr,
@@ -49,7 +53,8 @@ from .simd import (
 
 njit = numba.njit
 LANES = ROW_GROUP  # int32 / float lanes: one per row
-_UNIT = {Q8_0_R16: ROW_GROUP * Q8_0_BYTES, Q5_0_R16: ROW_GROUP * Q5_0_BYTES}  # bytes of a block of 16 rows
+# bytes of a unit (a block; a superblock for Q4_K) of 16 rows
+_UNIT = {Q8_0_R16: ROW_GROUP * Q8_0_BYTES, Q5_0_R16: ROW_GROUP * Q5_0_BYTES, Q4_K_R16: ROW_GROUP * Q4_K_BYTES}
 
 
 def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
@@ -75,60 +80,157 @@ def _q5_0_slots(b: ir.IRBuilder, base: ir.Value) -> list[ir.Value]:
     mask from memory) is clear."""
     slots: list[ir.Value] = [None] * 16
     for p in range(8):
-        w = b.zext(_load(b, base, 96 + 32 * p, vt(I8, 32)), vt(I16, 32))
-        for k, nib in (
-            (p, b.and_(w, _const_vec(I16, [0x0F] * 32))),
-            (p + 8, b.lshr(w, _const_vec(I16, [4] * 32))),
-        ):
+        lo, hi = _nibble_slot(b, base, 96 + 32 * p)
+        for k, nib in ((p, lo), (p + 8, hi)):
             bits = b.bitcast(_load(b, base, 32 + 4 * k, I32), vt(ir.IntType(1), 32))
             slots[k] = b.select(bits, nib, b.sub(nib, _const_vec(I16, [16] * 32)))
     return slots
 
 
-def _body(b: ir.IRBuilder, args, fmt: int) -> None:
-    w_a, xq_a, xd_a, n, out_a = args
-    unit, slots = _UNIT[fmt], _q8_0_slots if fmt == Q8_0_R16 else _q5_0_slots
-    w, xq, xd = _as_ptr(b, w_a, I8), _as_ptr(b, xq_a, I32), _as_ptr(b, xd_a, F32)
-    zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
-    accs = [cgutils.alloca_once_value(b, zero) for _ in range(2)]
+def _nibble_slot(b: ir.IRBuilder, base: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
+    """The 32 bytes at ``offset`` widened once (``vpmovzxbw``): their low and their high nibbles as words."""
+    w = b.zext(_load(b, base, offset, vt(I8, 32)), vt(I16, 32))
+    return b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32))
 
-    def block(u: ir.Value, slot: int) -> None:
-        base = b.gep(w, [b.mul(u, ir.Constant(I64, unit))])
-        for off in range(0, unit, 64):
+
+class _Group:
+    """Codegen state of 16 interleaved rows' dot products: pointers, two 16-lane float accumulators and one
+    for the k-quants' mins."""
+
+    def __init__(self, b: ir.IRBuilder, args):
+        w_a, xq_a, xd_a, xs_a, self.n, self.out = args
+        self.b = b
+        self.w, self.xq = _as_ptr(b, w_a, I8), _as_ptr(b, xq_a, I32)
+        self.xd, self.xs = _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
+        zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
+        self.acc = [cgutils.alloca_once_value(b, zero) for _ in range(2)]
+        self.corr = cgutils.alloca_once_value(b, zero)
+
+    def unit(self, u: ir.Value, unit_bytes: int) -> ir.Value:
+        """Unit ``u``'s first byte, its lines prefetched PREFETCH_AHEAD bytes ahead."""
+        b = self.b
+        base = b.gep(self.w, [b.mul(u, ir.Constant(I64, unit_bytes))])
+        for off in range(0, unit_bytes, 64):
             _prefetch(b, base, PREFETCH_AHEAD + off)
-        xscale = _splat(b, b.load(b.gep(xd, [u])), LANES)
-        scales = b.fmul(b.fpext(_load(b, base, 0, vt(HALF, LANES)), vt(F32, LANES)), xscale, flags=FAST)
-        parts = [ir.Constant(vt(I32, LANES), [0] * LANES)] * 4  # four chains of vpdpwssd
-        for k, v in enumerate(slots(b, base)):
-            pair = b.load(b.gep(xq, [b.add(b.mul(u, ir.Constant(I64, 16)), ir.Constant(I64, k))]), align=4)
+        return base
+
+    def xd_splat(self, blk: ir.Value, sums: bool = False) -> ir.Value:
+        """Block ``blk``'s activation scale (``sums``: times the sum of its codes) in 16 lanes."""
+        b = self.b
+        v = b.load(b.gep(self.xd, [blk]))
+        if sums:
+            v = b.fmul(v, b.load(b.gep(self.xs, [blk])), flags=FAST)
+        return _splat(b, v, LANES)
+
+    def dot(self, slots: list[ir.Value], blk: ir.Value) -> ir.Value:
+        """<16 x i32>: per row the integer dot product of its 32 values in ``slots`` with block ``blk``'s codes
+        (each activation pair one broadcast int32), in four chains of ``vpdpwssd``."""
+        b = self.b
+        parts = [ir.Constant(vt(I32, LANES), [0] * LANES)] * 4
+        for k, v in enumerate(slots):
+            pair = b.load(
+                b.gep(self.xq, [b.add(b.mul(blk, ir.Constant(I64, 16)), ir.Constant(I64, k))]), align=4
+            )
             parts[k % 4] = _dpwssd(b, parts[k % 4], v, b.bitcast(_splat(b, pair, LANES), vt(I16, 32)))
-        total = b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3]))
-        acc = accs[slot]
+        return b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3]))
+
+    def add(self, slot: int, total: ir.Value, scales: ir.Value) -> None:
+        """acc[slot] += float(total) * scales (16 rows' combined scales)."""
+        b, acc = self.b, self.acc[slot]
         b.store(
             b.fadd(b.load(acc), b.fmul(b.sitofp(total, vt(F32, LANES)), scales, flags=FAST), flags=FAST), acc
         )
 
-    pairs = b.udiv(n, ir.Constant(I64, 2))
-    with cgutils.for_range(b, pairs) as loop:
-        for s in range(2):
-            block(b.add(b.mul(loop.index, ir.Constant(I64, 2)), ir.Constant(I64, s)), s)
-    with cgutils.if_unlikely(b, b.icmp_unsigned("!=", b.mul(pairs, ir.Constant(I64, 2)), n)):
-        block(b.sub(n, ir.Constant(I64, 1)), 0)
-    result = b.fadd(b.load(accs[0]), b.load(accs[1]), flags=FAST)
-    b.store(result, b.inttoptr(out_a, ptr(vt(F32, LANES))), align=4)
+    def store(self) -> None:
+        b = self.b
+        total = b.fsub(
+            b.fadd(b.load(self.acc[0]), b.load(self.acc[1]), flags=FAST), b.load(self.corr), flags=FAST
+        )
+        b.store(total, b.inttoptr(self.out, ptr(vt(F32, LANES))), align=4)
+
+
+def _halves(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
+    """16 fp16 values at ``offset`` as <16 x float> (``vcvtph2ps``)."""
+    return b.fpext(_load(b, base, offset, vt(HALF, LANES)), vt(F32, LANES))
+
+
+def _one_scale_body(fmt: int):
+    """Q8_0_R16, Q5_0_R16: a unit is one block of 16 rows, its 16 fp16 scales first; consecutive blocks
+    alternate accumulators."""
+    unit, slots = _UNIT[fmt], _q8_0_slots if fmt == Q8_0_R16 else _q5_0_slots
+
+    def body(g: _Group) -> None:
+        b = g.b
+
+        def block(u: ir.Value, slot: int) -> None:
+            base = g.unit(u, unit)
+            g.add(slot, g.dot(slots(b, base), u), b.fmul(_halves(b, base, 0), g.xd_splat(u), flags=FAST))
+
+        pairs = b.udiv(g.n, ir.Constant(I64, 2))
+        with cgutils.for_range(b, pairs) as loop:
+            for s in range(2):
+                block(b.add(b.mul(loop.index, ir.Constant(I64, 2)), ir.Constant(I64, s)), s)
+        with cgutils.if_unlikely(b, b.icmp_unsigned("!=", b.mul(pairs, ir.Constant(I64, 2)), g.n)):
+            block(b.sub(g.n, ir.Constant(I64, 1)), 0)
+
+    return body
+
+
+def _q4_k_body(g: _Group) -> None:
+    """Q4_K_R16: per superblock the 16 rows' d and dmin, then their 6-bit scales and mins decoded from the
+    12 byte planes in 16 lanes (ggml's unpacking, lane-wise); each nibble slot widened once into a pair slot
+    of sub-blocks 2c (low nibbles) and 2c + 1 (high ones); mins subtracted as dmin x min x activation scale
+    x sum of the sub-block's codes."""
+    b = g.b
+
+    def c32(v: int) -> ir.Constant:
+        return _const_vec(I32, [v] * LANES)
+
+    with cgutils.for_range(b, g.n) as loop:
+        base = g.unit(loop.index, _UNIT[Q4_K_R16])
+        x0 = b.mul(loop.index, ir.Constant(I64, 8))
+        d, dmin = _halves(b, base, 0), _halves(b, base, 32)
+        p = [b.zext(_load(b, base, 64 + 16 * i, vt(I8, LANES)), vt(I32, LANES)) for i in range(12)]
+        scales = []
+        for j in range(8):
+            if j < 4:
+                sc, mn = b.and_(p[j], c32(63)), b.and_(p[j + 4], c32(63))
+            else:
+                top = (b.shl(b.lshr(p[j - 4], c32(6)), c32(4)), b.shl(b.lshr(p[j], c32(6)), c32(4)))
+                sc = b.or_(b.and_(p[j + 4], c32(0x0F)), top[0])
+                mn = b.or_(b.lshr(p[j + 4], c32(4)), top[1])
+            blk = b.add(x0, ir.Constant(I64, j))
+            scales.append(
+                b.fmul(b.fmul(b.sitofp(sc, vt(F32, LANES)), d, flags=FAST), g.xd_splat(blk), flags=FAST)
+            )
+            mins = b.fmul(
+                b.fmul(b.sitofp(mn, vt(F32, LANES)), dmin, flags=FAST), g.xd_splat(blk, sums=True), flags=FAST
+            )
+            b.store(b.fadd(b.load(g.corr), mins, flags=FAST), g.corr)
+        for c in range(4):
+            lo, hi = zip(*(_nibble_slot(b, base, 256 + 32 * (16 * c + k)) for k in range(16)), strict=True)
+            for half, slots in enumerate((lo, hi)):
+                j = 2 * c + half
+                g.add(half, g.dot(list(slots), b.add(x0, ir.Constant(I64, j))), scales[j])
+
+
+_BODIES = {Q8_0_R16: _one_scale_body(Q8_0_R16), Q5_0_R16: _one_scale_body(Q5_0_R16), Q4_K_R16: _q4_k_body}
 
 
 def make_dot_r16(fmt: int):
-    """``dot16(w_addr, xq_addr, xd_addr, n_blocks, out_addr)``: 16 interleaved rows of ``fmt`` (their group's
-    first byte at ``w_addr``) against int16 activations with per-block scales ``xd``; the 16 dot products
-    stored as float32 at ``out_addr``."""
+    """``dot16(w_addr, xq_addr, xd_addr, xs_addr, n_units, out_addr)``: 16 interleaved rows of ``fmt`` (their
+    group's first byte at ``w_addr``; units: blocks, or superblocks for Q4_K) against int16 activations with
+    per-block scales ``xd`` and code sums ``xs``; the 16 dot products stored as float32 at ``out_addr``."""
+    body = _BODIES[fmt]
 
     @intrinsic
-    def dot16(typingctx, w, xq, xd, n, out):
-        sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp)
+    def dot16(typingctx, w, xq, xd, xs, n, out):
+        sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp)
 
         def codegen(context, b, signature, args):
-            _body(b, args, fmt)
+            g = _Group(b, args)
+            body(g)
+            g.store()
             return context.get_dummy_value()
 
         return sig, codegen
@@ -136,35 +238,39 @@ def make_dot_r16(fmt: int):
     return dot16
 
 
-dot16_q8_0, dot16_q5_0 = make_dot_r16(Q8_0_R16), make_dot_r16(Q5_0_R16)
+dot16_q8_0, dot16_q5_0, dot16_q4_k = (make_dot_r16(f) for f in (Q8_0_R16, Q5_0_R16, Q4_K_R16))
 
 
 @njit(cache=True)
-def _dot16(fmt, ga, q, d, n_blocks, oa):  # pragma: no cover - compiled
+def _dot16(fmt, ga, q, d, s, n_units, oa):  # pragma: no cover - compiled
     if fmt == Q8_0_R16:
-        dot16_q8_0(ga, q, d, n_blocks, oa)
+        dot16_q8_0(ga, q, d, s, n_units, oa)
+    elif fmt == Q5_0_R16:
+        dot16_q5_0(ga, q, d, s, n_units, oa)
     else:
-        dot16_q5_0(ga, q, d, n_blocks, oa)
+        dot16_q4_k(ga, q, d, s, n_units, oa)
 
 
 @njit(cache=True)
-def rows_i16(fmt, wa, rb, n_blocks, r0, r1, xq, xd, out, c0):  # pragma: no cover - compiled
+def rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """out[t, c0 + n - r0] = row n of the interleaved weight at ``wa`` (``rb`` bytes a row) . activation
-    row t (int16 codes at the start of each row of ``xq``), for rows r0..r1. Whole groups inside r0..r1
+    row t (int16 codes at the start of each row of ``xq``, block scales ``xd``, code sums ``xs``), for rows
+    r0..r1. Whole groups inside r0..r1
     are stored in place; a group cut by r0 or r1 is computed whole and the rows asked for copied."""
     buf = np.empty(0, np.float32)
     for t in range(xq.shape[0]):
-        q, d = xq.ctypes.data + t * xq.strides[0], xd.ctypes.data + t * xd.strides[0]
+        q, d, s = (xq.ctypes.data + t * xq.strides[0], xd.ctypes.data + t * xd.strides[0],
+                   xs.ctypes.data + t * xs.strides[0])  # fmt: skip
         row = out.ctypes.data + t * out.strides[0]
         for g in range(r0 // ROW_GROUP, (r1 + ROW_GROUP - 1) // ROW_GROUP):
             n0 = g * ROW_GROUP
             ga = wa + n0 * rb
             if n0 >= r0 and n0 + ROW_GROUP <= r1 and out.strides[1] == 4:
-                _dot16(fmt, ga, q, d, n_blocks, row + (c0 + n0 - r0) * 4)
+                _dot16(fmt, ga, q, d, s, n_units, row + (c0 + n0 - r0) * 4)
             else:
                 if buf.shape[0] == 0:
                     buf = np.empty(ROW_GROUP, np.float32)
-                _dot16(fmt, ga, q, d, n_blocks, buf.ctypes.data)
+                _dot16(fmt, ga, q, d, s, n_units, buf.ctypes.data)
                 for n in range(max(n0, r0), min(n0 + ROW_GROUP, r1)):
                     out[t, c0 + n - r0] = buf[n - n0]
 
@@ -172,22 +278,25 @@ def rows_i16(fmt, wa, rb, n_blocks, r0, r1, xq, xd, out, c0):  # pragma: no cove
 @njit(cache=True)
 def gguf_row(fmt, wa, rb, n, dst):  # pragma: no cover - compiled
     """Write row ``n`` of the interleaved weight at ``wa`` into ``dst`` (uint8, ``rb`` bytes) as its GGUF
-    blocks (Q8_0 or Q5_0), for the kernels that read rows one by one."""
+    blocks (Q8_0, Q5_0 or Q4_K), for the kernels that read rows one by one."""
     lane = n % ROW_GROUP
     src = numba.carray(u8_ptr(wa + (n - lane) * rb), (ROW_GROUP * rb,))
     if fmt == Q8_0_R16:
-        unit = ROW_GROUP * Q8_0_BYTES
         for blk in range(rb // Q8_0_BYTES):
-            s, o = blk * unit, blk * Q8_0_BYTES
-            dst[o], dst[o + 1] = src[s + 2 * lane], src[s + 2 * lane + 1]
-            for k in range(16):
-                for j in range(2):
-                    dst[o + 2 + 2 * k + j] = src[s + 32 + 32 * k + 2 * lane + j]
+            s, o = blk * ROW_GROUP * Q8_0_BYTES, blk * Q8_0_BYTES
+            _take(src, s, 2, 2, lane, dst, o)
+            _take(src, s + 32, 32, 2, lane, dst, o + 2)
+    elif fmt == Q4_K_R16:
+        for blk in range(rb // Q4_K_BYTES):
+            s, o = blk * ROW_GROUP * Q4_K_BYTES, blk * Q4_K_BYTES
+            _take(src, s, 2, 2, lane, dst, o)
+            _take(src, s + 32, 2, 2, lane, dst, o + 2)
+            _take(src, s + 64, 12, 1, lane, dst, o + 4)
+            _take(src, s + 256, 128, 2, lane, dst, o + 16)
     else:
-        unit = ROW_GROUP * Q5_0_BYTES
         for blk in range(rb // Q5_0_BYTES):
-            s, o = blk * unit, blk * Q5_0_BYTES
-            dst[o], dst[o + 1] = src[s + 2 * lane], src[s + 2 * lane + 1]
+            s, o = blk * ROW_GROUP * Q5_0_BYTES, blk * Q5_0_BYTES
+            _take(src, s, 2, 2, lane, dst, o)
             qh = np.uint32(0)
             for k in range(16):
                 w = s + 32 + 4 * k
@@ -196,6 +305,12 @@ def gguf_row(fmt, wa, rb, n, dst):  # pragma: no cover - compiled
                 qh |= ((word >> np.uint32(2 * lane)) & np.uint32(3)) << np.uint32(2 * k)
             for i in range(4):
                 dst[o + 2 + i] = np.uint8((qh >> np.uint32(8 * i)) & np.uint32(0xFF))
-            for p in range(8):
-                for j in range(2):
-                    dst[o + 6 + 2 * p + j] = src[s + 96 + 32 * p + 2 * lane + j]
+            _take(src, s + 96, 16, 2, lane, dst, o + 6)
+
+
+@njit(cache=True, inline="always")
+def _take(src, at, n, granule, lane, dst, o):  # pragma: no cover - compiled
+    """The inverse of repack's ``_interleaved`` for one row: ``n`` bytes of row ``lane``, stored from ``at`` in
+    granules of ``granule`` bytes (each granule of the 16 rows in turn), into ``dst[o:o + n]``."""
+    for i in range(n):
+        dst[o + i] = src[at + (i // granule) * ROW_GROUP * granule + lane * granule + i % granule]

@@ -27,6 +27,7 @@ from .simd import (
     Q5_0_X4,
     Q6_K_I8,
     Q8_0_R16,
+    R16_FMTS,
     REPACKED,
     make_dequant,
     make_dot_f32,
@@ -147,8 +148,8 @@ def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover
 def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """:func:`_rows_i16` for a weight given by its address ``wa`` and row bytes ``rb``; an int8 ``xq``
     (:func:`act_codes`) runs the VNNI kernels where the format has one."""
-    if fmt in (Q8_0_R16, Q5_0_R16):
-        r16_rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, out, c0)
+    if fmt in R16_FMTS:
+        r16_rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0)
         return
     for t in range(xq.shape[0]):
         q, d, s = (
@@ -219,7 +220,7 @@ def _rows_f32(fmt, w, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - co
 @njit(cache=True)
 def _rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
     """The exact-float twin of :func:`_rows_i16_at`."""
-    if fmt in (Q8_0_R16, Q5_0_R16):
+    if fmt in R16_FMTS:
         rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0)
         return
     for t in range(x.shape[0]):
@@ -255,7 +256,7 @@ def rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0):  # pragma: no
     """out[t, c0 + n - r0] = row n . x[t] for rows r0..r1, each row dequantized (:func:`_dequant`) and
     summed in float in value order: the exact path of the interleaved layouts, which have no float kernel
     (the backend interleaves only for quantized activations)."""
-    w = np.empty(n_units * 32, np.float32)
+    w = np.empty(x.shape[1], np.float32)  # the row's values
     for n in range(r0, r1):
         _dequant(fmt, wa, rb, n, w.ctypes.data, n_units)
         for t in range(x.shape[0]):
@@ -269,10 +270,10 @@ def rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0):  # pragma: no
 def _dequant(fmt, wa, rb, n, out, n_units):  # pragma: no cover - compiled
     """Row ``n`` of the weight at ``wa`` (``rb`` bytes a row) as float32 at ``out``."""
     row = wa + n * rb
-    if fmt in (Q8_0_R16, Q5_0_R16):
+    if fmt in R16_FMTS:
         buf = np.empty(rb, np.uint8)
         gguf_row(fmt, wa, rb, n, buf)
-        fmt, row = (Q8_0 if fmt == Q8_0_R16 else Q5_0), buf.ctypes.data
+        fmt, row = (Q8_0 if fmt == Q8_0_R16 else Q5_0 if fmt == Q5_0_R16 else Q4_K), buf.ctypes.data
     if fmt == Q8_0:
         dq_q8_0(row, out, n_units)
     elif fmt == Q5_0:

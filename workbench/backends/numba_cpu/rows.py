@@ -21,10 +21,9 @@ from .simd import (
     F32,
     I64,
     PREFETCH_AHEAD,
-    Q5_0_R16,
     Q5_0_X4,
     Q6_K_I8,
-    Q8_0_R16,
+    R16_FMTS,
     _as_ptr,
     _for_units,
     _prefetch,
@@ -126,7 +125,7 @@ rows_q6_k_i8, rows_q5_0_x4 = make_dot_rows_f32(Q6_K_I8, ROWS), make_dot_rows_f32
 def _rows(fmt, w, n_units, r0, r1, x, out):  # pragma: no cover - compiled
     """out[:, n] = x @ row n of w for weight rows r0..r1; x has a multiple of ROWS rows."""
     wa, rb = w.ctypes.data, w.shape[1]
-    if fmt in (Q8_0_R16, Q5_0_R16):
+    if fmt in R16_FMTS:
         rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, r0)
         return
     xs, os = x.strides[0], out.strides[0]

@@ -30,10 +30,9 @@ from .simd import (
     I32,
     I64,
     PREFETCH_AHEAD,
-    Q5_0_R16,
     Q5_0_X4,
     Q6_K_I8,
-    Q8_0_R16,
+    R16_FMTS,
     _as_ptr,
     _const_vec,
     _for_units,
@@ -127,8 +126,8 @@ i16_q8_0, i16_q4_0, i16_q5_0, i16_q4_k, i16_q5_k, i16_q6_k, i16_q6_k_i8, i16_q5_
 def _rows(fmt, w, n_units, r0, r1, xq, xd, xs, out):  # pragma: no cover - compiled
     """out[:, n] = activation rows . row n of w for weight rows r0..r1; a multiple of ROWS activation rows."""
     wa, rb = w.ctypes.data, w.shape[1]
-    if fmt in (Q8_0_R16, Q5_0_R16):  # 16 weight rows at a time, for each activation row
-        r16_rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, out, r0)
+    if fmt in R16_FMTS:  # 16 weight rows at a time, for each activation row
+        r16_rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, r0)
         return
     qs, ds, os = xq.strides[0], xd.strides[0], out.strides[0]
     for t0 in range(0, xq.shape[0], ROWS):

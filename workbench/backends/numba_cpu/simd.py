@@ -252,8 +252,9 @@ REPACKED: dict[int, FormatCode] = {
     Q5_0_X4: FormatCode(_q5_0_x4, Q5_0_X4_BYTES, Q5_0_X4_VALUES),
 }
 # layouts that interleave 16 rows (interleaved.py); each the GGUF type its rows are read back as
-Q8_0_R16, Q5_0_R16 = 902, 903
-INTERLEAVED: dict[int, GGMLType] = {Q8_0_R16: GGMLType.Q8_0, Q5_0_R16: GGMLType.Q5_0}
+Q8_0_R16, Q5_0_R16, Q4_K_R16 = 902, 903, 904
+INTERLEAVED: dict[int, GGMLType] = {Q8_0_R16: GGMLType.Q8_0, Q5_0_R16: GGMLType.Q5_0, Q4_K_R16: GGMLType.Q4_K}
+R16_FMTS = tuple(INTERLEAVED)  # for compiled code
 
 
 def format_code(fmt: int) -> FormatCode:
