@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from workbench.backends import make_backend
 from workbench.backends.base import Step
+from workbench.backends.numba_cpu import interleaved as il
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import rows as rk
 from workbench.backends.numba_cpu import rows16 as r16
@@ -48,7 +49,7 @@ def _quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 @given(groups=st.integers(1, 4), units=st.integers(1, 21), t=st.integers(1, 3), seed=st.integers(0, 2**31))
 def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, units, t, seed):
     """The same weights; the int16 matvec equals the GGUF blocks' kernel up to the
-    order of float sums, whatever rows a task covers (tasks cutting groups included); the float, batched
+    order of float sums, whatever rows a task covers (ranges cutting groups included); the float, batched
     and gather paths read each row back exactly."""
     qtype, fmt, interleave, unit_values = LAYOUTS[layout]
     blocks = units if unit_values == 32 else 1 + units % 4  # Q4_K: 1-4 superblocks
@@ -74,10 +75,16 @@ def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, units, t, 
     mv.matvec_i16(int(qtype), raw, blocks, xq, xd, xs, native)
     assert np.abs(got - native).max() <= 1e-6 * scale
     assert np.abs(got - x @ w.T).max() <= 2e-4 * scale
-    for rpt in (1, 5, 24):  # tasks of 1, 5 or 24 rows cut groups: each row as when the task holds its group
-        cut = np.empty_like(got)
-        mv.matvec_i16(fmt, packed, blocks, xq, xd, xs, cut, rpt)
-        np.testing.assert_array_equal(cut, got)
+    for rpt in (1, 5, 24):  # tasks of rows not a multiple of 16 run whole groups: the same results
+        tasks = np.empty_like(got)
+        mv.matvec_i16(fmt, packed, blocks, xq, xd, xs, tasks, rpt)
+        np.testing.assert_array_equal(tasks, got)
+    for r0, r1 in ((0, rows), (3, rows - 2), (5, 6), (17, min(rows, 40))):  # ranges cutting groups
+        if r0 < r1:
+            part = np.full((t, r1 - r0 + 2), -1.0, np.float32)
+            il.rows_i16(fmt, packed.ctypes.data, packed.shape[1], blocks, r0, r1, xq, xd, xs, part, 1)
+            np.testing.assert_array_equal(part[:, 1:-1], got[:, r0:r1])
+            assert (part[:, [0, -1]] == -1).all()
 
     batched = np.zeros((rk.pad_rows(t), rows), np.float32)
     xp = np.zeros((rk.pad_rows(t), cols), np.float32)

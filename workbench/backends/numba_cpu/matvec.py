@@ -14,6 +14,7 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from ...quant.formats import GGMLType
+from ...quant.repack import ROW_GROUP
 from .addr import i16_ptr, prefetch
 from .dot16 import make_dot_i16
 from .dotvnni import HAS_VNNI, UNIT_VALUES, VNNI_ORDER, make_dot_vnni
@@ -34,7 +35,6 @@ from .simd import (
 )
 
 njit, prange = numba.njit, numba.prange
-
 Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K = (
     int(t) for t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 )
@@ -297,10 +297,18 @@ def _tasks(n_rows, rpt):  # pragma: no cover - compiled
     return (n_rows + rpt - 1) // rpt
 
 
+@njit(cache=True)
+def task_size(fmt, rpt):  # pragma: no cover - compiled
+    """Rows of a task of a ``fmt`` weight asked to run tasks of ``rpt`` rows: for the interleaved layouts a
+    multiple of 16 (their kernels compute whole groups of 16 rows; a task cutting one would compute it twice)."""
+    return -(-rpt // ROW_GROUP) * ROW_GROUP if fmt in R16_FMTS else rpt
+
+
 @njit(parallel=True, cache=True)
 def matvec_i16(fmt, w, n_units, xq, xd, xs, out, rpt=ROWS_PER_TASK):  # pragma: no cover - compiled
     """out[t, n] = dot(row n of w, activation row t), activations int16-quantized per 32-block."""
     n = w.shape[0]
+    rpt = task_size(fmt, rpt)
     for i in prange(_tasks(n, rpt)):
         r0 = i * rpt
         _rows_i16(fmt, w, n_units, r0, min(n, r0 + rpt), xq, xd, xs, out, r0)
@@ -313,17 +321,18 @@ def matvec3_i16(
     """Up to three projections of the same activations in one parallel loop (QKV; gate and up).
 
     Unused slots pass weights with zero rows."""
-    t0, t1 = _tasks(w0.shape[0], rpt), _tasks(w1.shape[0], rpt)
-    for i in prange(t0 + t1 + _tasks(w2.shape[0], rpt)):
+    p0, p1, p2 = task_size(f0, rpt), task_size(f1, rpt), task_size(f2, rpt)
+    t0, t1 = _tasks(w0.shape[0], p0), _tasks(w1.shape[0], p1)
+    for i in prange(t0 + t1 + _tasks(w2.shape[0], p2)):
         if i < t0:
-            r0 = i * rpt
-            _rows_i16(f0, w0, u0, r0, min(w0.shape[0], r0 + rpt), xq, xd, xs, o0, r0)
+            r0 = i * p0
+            _rows_i16(f0, w0, u0, r0, min(w0.shape[0], r0 + p0), xq, xd, xs, o0, r0)
         elif i < t0 + t1:
-            r0 = (i - t0) * rpt
-            _rows_i16(f1, w1, u1, r0, min(w1.shape[0], r0 + rpt), xq, xd, xs, o1, r0)
+            r0 = (i - t0) * p1
+            _rows_i16(f1, w1, u1, r0, min(w1.shape[0], r0 + p1), xq, xd, xs, o1, r0)
         else:
-            r0 = (i - t0 - t1) * rpt
-            _rows_i16(f2, w2, u2, r0, min(w2.shape[0], r0 + rpt), xq, xd, xs, o2, r0)
+            r0 = (i - t0 - t1) * p2
+            _rows_i16(f2, w2, u2, r0, min(w2.shape[0], r0 + p2), xq, xd, xs, o2, r0)
 
 
 @njit(parallel=True, cache=True)
@@ -411,7 +420,7 @@ def _table_tasks(wt, n_w, rpt):  # pragma: no cover - compiled
     size = np.empty(n_w, np.int64)
     starts = np.zeros(n_w + 1, np.int64)
     for j in range(n_w):
-        size[j] = max(rpt, _tasks(wt[j, W_ROWS], CLAIM_TASKS)) if claim else rpt
+        size[j] = task_size(wt[j, W_FMT], max(rpt, _tasks(wt[j, W_ROWS], CLAIM_TASKS)) if claim else rpt)
         starts[j + 1] = starts[j] + _tasks(wt[j, W_ROWS], size[j])
     return size, starts, claim
 

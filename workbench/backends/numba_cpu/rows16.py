@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 from ..._numba import numba
 from ...quant.formats import GGMLType
 from .interleaved import rows_i16 as r16_rows_i16
-from .matvec import _tasks
+from .matvec import _tasks, task_size
 from .rows import ROWS, _strict_hsum
 from .simd import (
     F32,
@@ -157,14 +157,15 @@ def _rows(fmt, w, n_units, r0, r1, xq, xd, xs, out):  # pragma: no cover - compi
 def matmul_rows3_i16(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, xq, xd, xs, rpt):  # pragma: no cover
     """The int16 twin of :func:`.rows.matmul_rows3`: activation rows as ``xq``/``xd``/``xs`` (a multiple of
     ROWS rows, :func:`.rows.pad_rows`)."""
-    t0, t1 = _tasks(w0.shape[0], rpt), _tasks(w1.shape[0], rpt)
-    for i in prange(t0 + t1 + _tasks(w2.shape[0], rpt)):
+    p0, p1, p2 = task_size(f0, rpt), task_size(f1, rpt), task_size(f2, rpt)
+    t0, t1 = _tasks(w0.shape[0], p0), _tasks(w1.shape[0], p1)
+    for i in prange(t0 + t1 + _tasks(w2.shape[0], p2)):
         if i < t0:
-            r0 = i * rpt
-            _rows(f0, w0, u0, r0, min(w0.shape[0], r0 + rpt), xq, xd, xs, o0)
+            r0 = i * p0
+            _rows(f0, w0, u0, r0, min(w0.shape[0], r0 + p0), xq, xd, xs, o0)
         elif i < t0 + t1:
-            r0 = (i - t0) * rpt
-            _rows(f1, w1, u1, r0, min(w1.shape[0], r0 + rpt), xq, xd, xs, o1)
+            r0 = (i - t0) * p1
+            _rows(f1, w1, u1, r0, min(w1.shape[0], r0 + p1), xq, xd, xs, o1)
         else:
-            r0 = (i - t0 - t1) * rpt
-            _rows(f2, w2, u2, r0, min(w2.shape[0], r0 + rpt), xq, xd, xs, o2)
+            r0 = (i - t0 - t1) * p2
+            _rows(f2, w2, u2, r0, min(w2.shape[0], r0 + p2), xq, xd, xs, o2)
