@@ -255,24 +255,28 @@ def _dot16(fmt, ga, q, d, s, n_units, oa):  # pragma: no cover - compiled
 def rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """out[t, c0 + n - r0] = row n of the interleaved weight at ``wa`` (``rb`` bytes a row) . activation
     row t (int16 codes at the start of each row of ``xq``, block scales ``xd``, code sums ``xs``), for rows
-    r0..r1. Whole groups inside r0..r1
-    are stored in place; a group cut by r0 or r1 is computed whole and the rows asked for copied."""
-    buf = np.empty(0, np.float32)
+    r0..r1. Whole groups inside r0..r1 are stored in place (nothing allocated: this runs per task); a group
+    cut by r0 or r1 is computed whole and the rows asked for copied."""
     for t in range(xq.shape[0]):
         q, d, s = (xq.ctypes.data + t * xq.strides[0], xd.ctypes.data + t * xd.strides[0],
                    xs.ctypes.data + t * xs.strides[0])  # fmt: skip
         row = out.ctypes.data + t * out.strides[0]
         for g in range(r0 // ROW_GROUP, (r1 + ROW_GROUP - 1) // ROW_GROUP):
             n0 = g * ROW_GROUP
-            ga = wa + n0 * rb
             if n0 >= r0 and n0 + ROW_GROUP <= r1 and out.strides[1] == 4:
-                _dot16(fmt, ga, q, d, s, n_units, row + (c0 + n0 - r0) * 4)
+                _dot16(fmt, wa + n0 * rb, q, d, s, n_units, row + (c0 + n0 - r0) * 4)
             else:
-                if buf.shape[0] == 0:
-                    buf = np.empty(ROW_GROUP, np.float32)
-                _dot16(fmt, ga, q, d, s, n_units, buf.ctypes.data)
-                for n in range(max(n0, r0), min(n0 + ROW_GROUP, r1)):
-                    out[t, c0 + n - r0] = buf[n - n0]
+                _cut_group(fmt, wa + n0 * rb, q, d, s, n_units, out[t], c0 + n0 - r0, max(n0, r0) - n0,
+                           min(n0 + ROW_GROUP, r1) - n0)  # fmt: skip
+
+
+@njit(cache=True)
+def _cut_group(fmt, ga, q, d, s, n_units, out_row, at, first, end):  # pragma: no cover - compiled
+    """Rows ``first .. end - 1`` of the group at ``ga`` into ``out_row[at + first ...]``."""
+    buf = np.empty(ROW_GROUP, np.float32)
+    _dot16(fmt, ga, q, d, s, n_units, buf.ctypes.data)
+    for i in range(first, end):
+        out_row[at + i] = buf[i]
 
 
 @njit(cache=True)
