@@ -16,9 +16,9 @@ pair of blocks holds value ``j`` of the first block in its low nibble and value 
 high one (as Q4_K pairs its sub-blocks). A kernel widens 32 bytes once and masks or shifts out two whole
 blocks in value order, where a GGUF Q5_0 block splits its values 0-15 and 16-31 over the nibbles of 16 bytes.
 
-Q8_0 -> Q8_0_R16 and Q5_0 -> Q5_0_R16 (layouts of the cpu backend): as many bytes, each 16 rows interleaved
-so that one 512-bit vector holds a pair of values of 16 rows, and the kernel's 16 lanes are 16 rows (one
-``vpdpwssd`` per 32 values, one conversion and FMA per block of 16 rows). The array keeps its shape (rows,
+Q8_0, Q5_0, Q4_K -> Q8_0_R16, Q5_0_R16, Q4_K_R16 (layouts of the cpu backend): as many bytes, each 16 rows
+interleaved so that one 512-bit vector holds a pair of values of 16 rows, and the kernel's 16 lanes are 16
+rows (one ``vpdpwssd`` per 32 values, one conversion and FMA per 32-value block of 16 rows). The array keeps its shape (rows,
 bytes per row); 16 rows at a time, block ``b`` of the group (``16 x`` the block's bytes) holds:
 
 * Q8_0_R16 (544 bytes): ``[16 fp16 scales, row order: 32][16 pair slots of 32 bytes]``, slot ``k`` holding

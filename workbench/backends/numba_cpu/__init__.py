@@ -177,11 +177,12 @@ class CpuBackend(Backend):
         # default model's Q6_K ffn_down tensors: 1.01 -> 0.76 ms a token (best of 9), decode step
         # 16.94 -> 16.46 ms (medians, steps of both interleaved, load ~1)
         self.q6_k_as_i8 = self.tunable("q6_k_as_i8", q6_k_as_i8)
-        # Q8_0 and Q5_0 weights (of a multiple of 16 rows) with 16 rows interleaved at load (Q8_0_R16,
-        # Q5_0_R16: interleaved.py), same bytes: one thread, a 256 x 2048 weight in L2, ns per 32 values of
-        # a row Q8_0 0.75 -> 0.43, Q5_0 0.86 -> 0.50 (2-core Zen 5). Default: on AVX512-VNNI hosts with
-        # int16 activations (the int8 and float paths have no interleaved kernels and read such rows one by
-        # one); never for the weights of sparse ops, which read single rows
+        # Q8_0, Q5_0 and Q4_K weights (of a multiple of 16 rows) with 16 rows interleaved at load (Q8_0_R16,
+        # Q5_0_R16, Q4_K_R16: interleaved.py), as many bytes: one thread, a 256 x 2048 weight in L2, ns per
+        # 32 values of a row Q8_0 0.75 -> 0.43, Q5_0 0.86 -> 0.50; the default model's seven layer roles
+        # 2.82 -> 1.94 ms a pass (2-core Zen 5). Default: on AVX512-VNNI hosts with int16 activations (the
+        # int8 and float paths have no interleaved kernels and would read such rows back one by one); never
+        # for the weights of sparse ops, which read single rows
         if interleave_rows is None:
             interleave_rows = act_quant == "int16" and mv.VNNI
         self.interleave_rows = self.tunable("interleave_rows", interleave_rows)

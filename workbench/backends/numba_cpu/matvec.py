@@ -35,6 +35,7 @@ from .simd import (
 )
 
 njit, prange = numba.njit, numba.prange
+
 Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K = (
     int(t) for t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 )
