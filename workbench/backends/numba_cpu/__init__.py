@@ -52,6 +52,12 @@ from . import sparse as sp
 from .simd import Q4_K_R16, Q5_0_R16, Q8_0_R16, format_code
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
+# the GGUF types whose rows the backend interleaves 16 at a time (interleave_rows): layout, repacking
+_TO_R16 = {
+    GGMLType.Q8_0: (Q8_0_R16, q8_0_to_r16),
+    GGMLType.Q5_0: (Q5_0_R16, q5_0_to_r16),
+    GGMLType.Q4_K: (Q4_K_R16, q4_k_to_r16),
+}
 Env = dict[str, np.ndarray]
 
 
@@ -231,13 +237,8 @@ class CpuBackend(Backend):
         qt = self.model.weights[name]
         if isinstance(qt, PlanarTensor):  # re-quantized (workbench.quant.planar): native planar kernels
             return qf.cpu_weight(qt)
-        to_r16 = {
-            GGMLType.Q8_0: (Q8_0_R16, q8_0_to_r16),
-            GGMLType.Q5_0: (Q5_0_R16, q5_0_to_r16),
-            GGMLType.Q4_K: (Q4_K_R16, q4_k_to_r16),
-        }
-        if self.interleave_rows and interleave and qt.type in to_r16 and qt.rows % ROW_GROUP == 0:
-            fmt, repack = to_r16[qt.type]
+        if self.interleave_rows and interleave and qt.type in _TO_R16 and qt.rows % ROW_GROUP == 0:
+            fmt, repack = _TO_R16[qt.type]
             return CpuWeight(name, qt.type, fmt, repack(qt.raw), mv.units(qt.type, qt.cols))
         if qt.type == GGMLType.Q5_0 and self.q5_0_as_q8_0:
             return CpuWeight(

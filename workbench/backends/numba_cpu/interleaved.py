@@ -29,7 +29,7 @@ from ..._numba import numba
 from ...quant.repack import Q4_K_BYTES, Q5_0_BYTES, Q8_0_BYTES, ROW_GROUP
 from .addr import u8_ptr
 from .dotvnni import HAS_VNNI
-from .dotwide import PREFETCH_AHEAD
+from .dotwide import PREFETCH_AHEAD, _nibble_words
 from .simd import (
     F32,
     FAST,
@@ -38,6 +38,7 @@ from .simd import (
     I16,
     I32,
     I64,
+    INTERLEAVED,
     Q4_K_R16,
     Q5_0_R16,
     Q8_0_R16,
@@ -53,6 +54,7 @@ from .simd import (
 
 njit = numba.njit
 LANES = ROW_GROUP  # int32 / float lanes: one per row
+GGUF_Q8_0, GGUF_Q5_0, GGUF_Q4_K = (int(INTERLEAVED[f]) for f in (Q8_0_R16, Q5_0_R16, Q4_K_R16))
 # bytes of a unit (a block; a superblock for Q4_K) of 16 rows
 _UNIT = {Q8_0_R16: ROW_GROUP * Q8_0_BYTES, Q5_0_R16: ROW_GROUP * Q5_0_BYTES, Q4_K_R16: ROW_GROUP * Q4_K_BYTES}
 
@@ -80,17 +82,11 @@ def _q5_0_slots(b: ir.IRBuilder, base: ir.Value) -> list[ir.Value]:
     mask from memory) is clear."""
     slots: list[ir.Value] = [None] * 16
     for p in range(8):
-        lo, hi = _nibble_slot(b, base, 96 + 32 * p)
+        lo, hi = _nibble_words(b, base, 96 + 32 * p)
         for k, nib in ((p, lo), (p + 8, hi)):
             bits = b.bitcast(_load(b, base, 32 + 4 * k, I32), vt(ir.IntType(1), 32))
             slots[k] = b.select(bits, nib, b.sub(nib, _const_vec(I16, [16] * 32)))
     return slots
-
-
-def _nibble_slot(b: ir.IRBuilder, base: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
-    """The 32 bytes at ``offset`` widened once (``vpmovzxbw``): their low and their high nibbles as words."""
-    w = b.zext(_load(b, base, offset, vt(I8, 32)), vt(I16, 32))
-    return b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32))
 
 
 class _Group:
@@ -208,7 +204,7 @@ def _q4_k_body(g: _Group) -> None:
             )
             b.store(b.fadd(b.load(g.corr), mins, flags=FAST), g.corr)
         for c in range(4):
-            lo, hi = zip(*(_nibble_slot(b, base, 256 + 32 * (16 * c + k)) for k in range(16)), strict=True)
+            lo, hi = zip(*(_nibble_words(b, base, 256 + 32 * (16 * c + k)) for k in range(16)), strict=True)
             for half, slots in enumerate((lo, hi)):
                 j = 2 * c + half
                 g.add(half, g.dot(list(slots), b.add(x0, ir.Constant(I64, j))), scales[j])
@@ -282,7 +278,7 @@ def _cut_group(fmt, ga, q, d, s, n_units, out_row, at, first, end):  # pragma: n
 @njit(cache=True)
 def gguf_row(fmt, wa, rb, n, dst):  # pragma: no cover - compiled
     """Write row ``n`` of the interleaved weight at ``wa`` into ``dst`` (uint8, ``rb`` bytes) as its GGUF
-    blocks (Q8_0, Q5_0 or Q4_K), for the kernels that read rows one by one."""
+    blocks, for the kernels that read rows one by one; returns their GGUF type (Q8_0, Q5_0 or Q4_K)."""
     lane = n % ROW_GROUP
     src = numba.carray(u8_ptr(wa + (n - lane) * rb), (ROW_GROUP * rb,))
     if fmt == Q8_0_R16:
@@ -290,26 +286,28 @@ def gguf_row(fmt, wa, rb, n, dst):  # pragma: no cover - compiled
             s, o = blk * ROW_GROUP * Q8_0_BYTES, blk * Q8_0_BYTES
             _take(src, s, 2, 2, lane, dst, o)
             _take(src, s + 32, 32, 2, lane, dst, o + 2)
-    elif fmt == Q4_K_R16:
+        return GGUF_Q8_0
+    if fmt == Q4_K_R16:
         for blk in range(rb // Q4_K_BYTES):
             s, o = blk * ROW_GROUP * Q4_K_BYTES, blk * Q4_K_BYTES
             _take(src, s, 2, 2, lane, dst, o)
             _take(src, s + 32, 2, 2, lane, dst, o + 2)
             _take(src, s + 64, 12, 1, lane, dst, o + 4)
             _take(src, s + 256, 128, 2, lane, dst, o + 16)
-    else:
-        for blk in range(rb // Q5_0_BYTES):
-            s, o = blk * ROW_GROUP * Q5_0_BYTES, blk * Q5_0_BYTES
-            _take(src, s, 2, 2, lane, dst, o)
-            qh = np.uint32(0)
-            for k in range(16):
-                w = s + 32 + 4 * k
-                word = (np.uint32(src[w]) | (np.uint32(src[w + 1]) << 8) | (np.uint32(src[w + 2]) << 16)
-                        | (np.uint32(src[w + 3]) << 24))  # fmt: skip
-                qh |= ((word >> np.uint32(2 * lane)) & np.uint32(3)) << np.uint32(2 * k)
-            for i in range(4):
-                dst[o + 2 + i] = np.uint8((qh >> np.uint32(8 * i)) & np.uint32(0xFF))
-            _take(src, s + 96, 16, 2, lane, dst, o + 6)
+        return GGUF_Q4_K
+    for blk in range(rb // Q5_0_BYTES):
+        s, o = blk * ROW_GROUP * Q5_0_BYTES, blk * Q5_0_BYTES
+        _take(src, s, 2, 2, lane, dst, o)
+        qh = np.uint32(0)
+        for k in range(16):
+            w = s + 32 + 4 * k
+            word = (np.uint32(src[w]) | (np.uint32(src[w + 1]) << 8) | (np.uint32(src[w + 2]) << 16)
+                    | (np.uint32(src[w + 3]) << 24))  # fmt: skip
+            qh |= ((word >> np.uint32(2 * lane)) & np.uint32(3)) << np.uint32(2 * k)
+        for i in range(4):
+            dst[o + 2 + i] = np.uint8((qh >> np.uint32(8 * i)) & np.uint32(0xFF))
+        _take(src, s + 96, 16, 2, lane, dst, o + 6)
+    return GGUF_Q5_0
 
 
 @njit(cache=True, inline="always")

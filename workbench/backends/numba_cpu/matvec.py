@@ -24,10 +24,8 @@ from .interleaved import rows_i16 as r16_rows_i16
 from .simd import (
     DECODERS,
     INTERLEAVED,
-    Q5_0_R16,
     Q5_0_X4,
     Q6_K_I8,
-    Q8_0_R16,
     R16_FMTS,
     REPACKED,
     make_dequant,
@@ -273,8 +271,7 @@ def _dequant(fmt, wa, rb, n, out, n_units):  # pragma: no cover - compiled
     row = wa + n * rb
     if fmt in R16_FMTS:
         buf = np.empty(rb, np.uint8)
-        gguf_row(fmt, wa, rb, n, buf)
-        fmt, row = (Q8_0 if fmt == Q8_0_R16 else Q5_0 if fmt == Q5_0_R16 else Q4_K), buf.ctypes.data
+        fmt, row = gguf_row(fmt, wa, rb, n, buf), buf.ctypes.data
     if fmt == Q8_0:
         dq_q8_0(row, out, n_units)
     elif fmt == Q5_0:
