@@ -145,8 +145,9 @@ def test_decode_attention_kernel_matches_reference(window, ring, hd, nh, nkv, n)
 
 
 def test_decode_program_equals_op_by_op(default_model):
-    """The compiled one-token program computes what the op handlers compute (same kernels)."""
-    cpu = make_backend("cpu", default_model, threads=2)
+    """The compiled one-token program computes what the op handlers compute (same kernels; split into shards
+    it sums in another order: test_cpu_shards compares the two)."""
+    cpu = make_backend("cpu", default_model, threads=2, tune="decode_shards=1")
     toks = default_model.tokenizer.encode("Programs must not change the numbers.")
     g1 = cpu.prepare_graph(default_model.graph(1, 1))
     assert cpu._program(g1, Step.single(cpu.new_cache(4), [1], 0)) is not None

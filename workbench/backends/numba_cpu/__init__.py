@@ -21,7 +21,7 @@ from llvmlite import binding as llvm
 from threadpoolctl import ThreadpoolController
 
 from ... import blas_env
-from ..._numba import numba
+from ..._numba import numba, stream_sum
 from ...hostinfo import host_cores, host_cpu_name
 from ...models.model import Model
 from ...ops import reference as ref
@@ -48,6 +48,7 @@ from . import program as pg
 from . import qformats as qf
 from . import rows as rk
 from . import rows16 as r16
+from . import shards as sh
 from . import sparse as sp
 from .simd import Q4_K_R16, Q5_0_R16, Q8_0_R16, format_code
 
@@ -113,6 +114,7 @@ class CpuBackend(Backend):
         "q5_0_as_x4",
         "q6_k_as_i8",
         "interleave_rows",
+        "decode_shards",
     )
 
     def __init__(
@@ -130,6 +132,7 @@ class CpuBackend(Backend):
         q5_0_as_x4: bool | None = None,
         q6_k_as_i8: bool = True,
         interleave_rows: bool | None = None,
+        decode_shards: int = 2,
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
@@ -192,6 +195,12 @@ class CpuBackend(Backend):
         if interleave_rows is None:
             interleave_rows = act_quant == "int16" and mv.VNNI
         self.interleave_rows = self.tunable("interleave_rows", interleave_rows)
+        # Single-token decode steps split across threads by heads and hidden units (shards.py): two exchanges
+        # between the threads a layer instead of ~5. Results depend on the number of shards, not of threads
+        # (fewer threads run the shards in turn); 1: the row-parallel program of program.py
+        self.decode_shards = self.tunable("decode_shards", decode_shards)
+        if self.decode_shards < 1:
+            raise ValueError(f"decode_shards must be >= 1, got {self.decode_shards}")
         if self.batch_min_rows < 1 or self.batch_rows < 0:
             raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")
         self.small_rows = max(gemv_max_rows, self.batch_rows)  # steps up to this many rows avoid BLAS
@@ -199,6 +208,8 @@ class CpuBackend(Backend):
         self._dense: dict[str, np.ndarray] = {}
         self._graphs: dict[int, Graph] = {}
         self._programs: dict[int, tuple[Graph, pg.Program | None]] = {}
+        # (weight, shards, shard) -> (weight-table row, array): a shard's columns copied (shards.py)
+        self.col_shares: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray] | None] = {}
         self.levels = ACT_QUANT[act_quant]
         self.vnni = act_quant == "int8" and mv.VNNI  # int8 activations by vpdpbusd (dotvnni.py)
         self._rope: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -291,6 +302,7 @@ class CpuBackend(Backend):
                 "q5_0_as_x4": self.q5_0_as_x4,
                 "q6_k_as_i8": self.q6_k_as_i8,
                 "interleave_rows": self.interleave_rows,
+                "decode_shards": self._shards_label(),
                 "decode_kernels": _decode_kernels(self.vnni, self.interleave_rows),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,
@@ -343,7 +355,7 @@ class CpuBackend(Backend):
         self._rope.clear()
         prog = self._program(graph, step)
         if prog is not None:
-            return pg.execute(self, prog, step, observer)[0].copy()
+            return self._execute(prog, step, observer)[0].copy()
         return self.run_ops(graph, step, lambda op: HANDLERS.get(op.kind), observer)
 
     def run_greedy(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> int:
@@ -353,7 +365,7 @@ class CpuBackend(Backend):
         self.check_tokens(step)
         numba.set_num_threads(self._n_threads)
         self._set_blas_threads(1)
-        logits, token = pg.execute(self, prog, step, observer, argmax=True)
+        logits, token = self._execute(prog, step, observer, argmax=True)
         return token if token >= 0 else int(np.argmax(logits[-1]))
 
     def _program(self, graph: Graph, step: Step) -> pg.Program | None:
@@ -361,8 +373,31 @@ class CpuBackend(Backend):
         if not (self.fused and pg.runnable(step)):
             return None
         if id(graph) not in self._programs:  # the graph is kept with its program: its id stays its own
-            self._programs[id(graph)] = (graph, pg.lower(self, graph))
+            prog = pg.lower(self, graph)
+            if prog is not None and self.decode_shards > 1:
+                prog.shards = sh.plan(self, prog, self.decode_shards, self._shards_threaded())
+            self._programs[id(graph)] = (graph, prog)
         return self._programs[id(graph)][1]
+
+    def _execute(self, prog: pg.Program, step: Step, observer: OpObserver | None, argmax: bool = False):
+        return (sh.execute if prog.shards is not None else pg.execute)(self, prog, step, observer, argmax)
+
+    def _shards_label(self) -> str:
+        """How single-token decode steps run: in shards (how many, on which threads) or as one program."""
+        if self.decode_shards == 1:
+            return "off"
+        if not any(p is not None and p.shards is not None for _, p in self._programs.values()):
+            return f"{self.decode_shards}, unused (no shard plan for the decode graph: shards.py says which)"
+        how = "a thread each" if self._shards_threaded() else "in turn on one thread"
+        copies = sum(v[1].nbytes for v in self.col_shares.values() if v is not None) / 1e6
+        return f"{self.decode_shards}, {how}, {copies:.1f} MB of column copies"
+
+    def _shards_threaded(self) -> bool:
+        """Whether decode shards run one thread each: as many threads, and a threading layer that hands each
+        of a parallel loop's first iterations to its own thread (OpenMP's static schedule, the workqueue;
+        TBB may run two on one thread, where a shard would wait for the other at a barrier forever)."""
+        stream_sum(np.zeros(16, np.float32))  # starts the threading layer
+        return self._n_threads >= self.decode_shards and numba.threading_layer() in ("omp", "workqueue")
 
     def _set_blas_threads(self, n: int) -> None:
         if n != self._blas_threads:
@@ -503,7 +538,7 @@ def _cache_misses() -> int:
 
 _DISPATCHERS = [
     getattr(m, n)
-    for m in (k, mv, qf, sp, rk, r16, il)
+    for m in (k, mv, qf, sp, rk, r16, il, sh)
     for n in dir(m)
     if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
 ]

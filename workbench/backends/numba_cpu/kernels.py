@@ -157,8 +157,9 @@ def attend_one(q, keys, vals, kpos, n_slots, qpos, n_heads, head_dim, scale, win
 
 
 @njit(cache=True, fastmath=True)
-def _attend_row(q, keys, vals, kpos, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
-    """:func:`attend_one` in one thread (the slots in one range): a row of :func:`attend_rows`."""
+def attend_serial(q, keys, vals, kpos, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
+    """:func:`attend_one` on this thread over the slots ``kpos`` (one range): a row of :func:`attend_rows`, and
+    a decode shard's heads (shards.py: a parallel loop there would nest in the shards')."""
     mx = np.empty(n_heads, np.float32)
     sm = np.empty(n_heads, np.float32)
     acc = np.empty((n_heads, head_dim), np.float32)
@@ -179,10 +180,10 @@ def attend_rows(q, keys, vals, kpos, qpos, n_heads, head_dim, scale, window, out
     _check_rows(q, keys, vals, kpos, out)
     t = q.shape[0]
     for i in numba.prange((t + 1) // 2):
-        _attend_row(q[i], keys, vals, kpos, qpos[i], n_heads, head_dim, scale, window, out[i])
+        attend_serial(q[i], keys, vals, kpos, qpos[i], n_heads, head_dim, scale, window, out[i])
         r = t - 1 - i
         if r != i:
-            _attend_row(q[r], keys, vals, kpos, qpos[r], n_heads, head_dim, scale, window, out[r])
+            attend_serial(q[r], keys, vals, kpos, qpos[r], n_heads, head_dim, scale, window, out[r])
 
 
 ATT_CHUNKS = 8  # key ranges of one decode attention, reduced in parallel (flash-decoding)

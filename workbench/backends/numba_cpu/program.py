@@ -36,6 +36,7 @@ from .addr import f32_ptr, i64_ptr
 if TYPE_CHECKING:
     from ..base import OpObserver, Step
     from . import CpuBackend
+    from .shards import ShardPlan
 
 njit = numba.njit
 
@@ -188,6 +189,7 @@ class Program:
     rope_chunk: tuple = ()  # (first position, [(cos, sin) per rope key]) of the positions in use
     kv_held: tuple = ()  # (cache, its layers' position arrays, room, KV address table) of the last run
     maxima: np.ndarray | None = None  # per-task maxima of the last projection (the greedy argmax), made once
+    shards: ShardPlan | None = None  # how threads split the body by heads and hidden units (shards.py)
 
 
 LOWERED = {"embed", "rmsnorm_matmul", "rmsnorm_matmul_gelu", "rmsnorm_rope", "attention", "matmul_rmsnorm_add",
