@@ -132,7 +132,7 @@ class CpuBackend(Backend):
         q5_0_as_x4: bool | None = None,
         q6_k_as_i8: bool = True,
         interleave_rows: bool | None = None,
-        decode_shards: int = 2,
+        decode_shards: int | None = None,
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
@@ -197,7 +197,12 @@ class CpuBackend(Backend):
         self.interleave_rows = self.tunable("interleave_rows", interleave_rows)
         # Single-token decode steps split across threads by heads and hidden units (shards.py): two exchanges
         # between the threads a layer instead of ~5. Results depend on the number of shards, not of threads
-        # (fewer threads run the shards in turn); 1: the row-parallel program of program.py
+        # (fewer threads run the shards in turn); 1: the row-parallel program of program.py. Default: 2 up to
+        # 2 threads (1 and 2 threads then give the same results); with more threads the row-parallel program,
+        # which puts every thread on every projection (shards leave all but decode_shards threads idle in the
+        # layers; not measured on such hosts)
+        if decode_shards is None:
+            decode_shards = 2 if (self.threads or numba.config.NUMBA_NUM_THREADS) <= 2 else 1
         self.decode_shards = self.tunable("decode_shards", decode_shards)
         if self.decode_shards < 1:
             raise ValueError(f"decode_shards must be >= 1, got {self.decode_shards}")
