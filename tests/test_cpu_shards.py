@@ -34,21 +34,22 @@ FORMATS = {  # layout: GGUF type, its CpuWeight.fmt, repacking, values of a unit
 LEVELS = [32767, 0] + ([127] if mv.VNNI else [])  # int16, float, int8 (VNNI hosts) activations
 
 
-def _matvec(row: np.ndarray, x: np.ndarray, levels: int, vnni: bool) -> np.ndarray:
-    """x @ W.T for the weight-table row ``row`` by the shards' one-thread path."""
+def _matvec(row: np.ndarray, x: np.ndarray, levels: int, vnni: bool, prefetch: bool = False) -> np.ndarray:
+    """x @ W.T for the weight-table row ``row`` by the shards' one-thread path (``prefetch``: PF_ROWS rows at
+    a time, prefetching the lines of ``x`` in between)."""
     out = np.zeros((1, int(row[mv.W_ROWS])), np.float32)
     xq = mv.act_codes(1, x.shape[1], vnni) if levels else None
     xd = np.zeros((1, x.shape[1] // 32), np.float32)
     xs = np.zeros_like(xd)
     sh._project(row[None], np.zeros(1, np.int64), 1, x, (out,), levels, xq if levels else np.zeros((1, 1), np.int16),
-                xd, xs)  # fmt: skip
+                xd, xs, np.array([x.ctypes.data, x.ctypes.data, x.nbytes if prefetch else 0]))  # fmt: skip
     return out
 
 
 @pytest.mark.parametrize("layout", sorted(FORMATS))
 @pytest.mark.parametrize("levels", LEVELS)
 @settings(max_examples=6, deadline=None)
-@given(groups=st.integers(1, 3), half_units=st.integers(1, 3), seed=st.integers(0, 2**31))
+@given(groups=st.integers(1, 5), half_units=st.integers(1, 3), seed=st.integers(0, 2**31))
 def test_column_shares_add_up_to_the_whole_projection(layout, levels, groups, half_units, seed):
     """Each shard's columns of a weight (its share of every row's units), times its slice of the activations
     (quantized alone), add up to the whole row's product: the same integer sums, only the float order of
@@ -63,6 +64,7 @@ def test_column_shares_add_up_to_the_whole_projection(layout, levels, groups, ha
     x = rng.standard_normal((1, cols)).astype(np.float32)
     vnni = levels == 127
     whole = _matvec(row, x, levels, vnni)
+    np.testing.assert_array_equal(_matvec(row, x, levels, vnni, prefetch=True), whole)  # rows in runs
     parts = [sh._split_cols(row, data, 2, s, levels) for s in range(2)]
     if fmt in sh.R16_FMTS and levels == 0:
         assert parts == [None, None]  # interleaved float rows are dequantized whole: not split

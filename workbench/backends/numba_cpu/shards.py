@@ -116,21 +116,33 @@ def _part(arena, off, n, s, n_shards):  # pragma: no cover - compiled
     return pg._view(arena, off + s * w, w)
 
 
+PF_ROWS = 32  # rows of the first weight between two shares of the prefetched KV lines
+
+
 @njit(cache=True)
-def _project(wt, c0, n_w, x, outs, levels, xq, xd, xs):  # pragma: no cover - compiled
-    """``outs[j][0, c0[j]:] = x @ W_j.T`` for the shard's weights ``wt`` (all their rows), on this thread."""
+def _project(wt, c0, n_w, x, outs, levels, xq, xd, xs, pf):  # pragma: no cover - compiled
+    """``outs[j][0, c0[j]:] = x @ W_j.T`` for the shard's weights ``wt`` (all their rows), on this thread,
+    the first weight PF_ROWS rows at a time, each followed by a share of the lines of the region ``pf``
+    (see :func:`.program._kv_region`; ``pf[2]`` = 0: none)."""
     if levels > 0:
         mv.quantize_rows_i16(x, levels, xq, xd, xs)
     else:
         mv.block_sums(x, xs)
     for j in range(n_w):
         w = wt[j]
-        if levels > 0:
-            mv._rows_i16_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], 0, w[mv.W_ROWS],
-                            xq, xd, xs, outs[j], c0[j])  # fmt: skip
-        else:
-            mv._rows_f32_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], 0, w[mv.W_ROWS],
-                            x, xs, outs[j], c0[j])  # fmt: skip
+        rows = w[mv.W_ROWS]
+        step = PF_ROWS if j == 0 and pf[2] > 0 else rows
+        n_steps = (rows + step - 1) // step
+        for t in range(n_steps):
+            r0, r1 = t * step, min(rows, (t + 1) * step)
+            if levels > 0:
+                mv._rows_i16_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], r0, r1, xq, xd, xs,
+                                outs[j], c0[j] + r0)  # fmt: skip
+            else:
+                mv._rows_f32_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], r0, r1, x, xs,
+                                outs[j], c0[j] + r0)  # fmt: skip
+            if step < rows:
+                mv._prefetch_share(pf, t, n_steps)
 
 
 @njit(cache=True)
@@ -143,6 +155,7 @@ def _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms,
     n_sh = arenas.shape[0]
     a = arenas[s]
     end = code.shape[0]
+    pf = np.zeros(3, np.int64)
     while i < end:
         t0 = pg._cycles() if timed else 0
         c = code[i]
@@ -162,8 +175,9 @@ def _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms,
             resume = False
         elif mode[i] == COLS:
             mine = parts[epoch % 2, s : s + 1, :n]
+            pf[2] = 0
             _project(wts[s, i], c0[s, i], 1, _part(a, c[pg.C_IN], kk, s, n_sh), (mine, mine, mine), levels,
-                     xq[s], xd[s], xs[s])  # fmt: skip
+                     xq[s], xd[s], xs[s], pf)  # fmt: skip
             if timed:
                 spans[0, s, i] += pg._cycles() - t0
             return i
@@ -202,7 +216,10 @@ def _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms,
             o2 = pg._view(a, c[pg.C_OUTS + 2], at[2] + wt[2, mv.W_ROWS]) if nw > 2 else o0
             h = pg._view(a, c[pg.C_AUX], kk)
             k.rmsnorm(x, norms[c[pg.C_NORM] : c[pg.C_NORM] + kk], fp[i, pg.F_EPS], kk, h)
-            _project(wt, at, nw, h, (o0, o1, o2), levels, xq[s], xd[s], xs[s])
+            pf[2] = 0
+            if c[pg.C_PF] > 0:  # the KV rows of the next attention, which this shard reads whole
+                pg._kv_region(kv, c[pg.C_PF] - 1, c[pg.C_PF + 1], pos, pf)
+            _project(wt, at, nw, h, (o0, o1, o2), levels, xq[s], xd[s], xs[s], pf)
             if op == pg.NORM_MATMUL_GELU:
                 r0, r1 = at[0], at[0] + wt[0, mv.W_ROWS]
                 k.gelu_mul(o0[:, r0:r1], o1[:, r0:r1], out[:, r0:r1])
