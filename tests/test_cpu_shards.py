@@ -143,3 +143,53 @@ def test_shards_not_run_concurrently_fail_clearly(default_model):
         cpu.run(g1, Step.single(cpu.new_cache(64), [5], 0, "last", "decode"))
     assert time.perf_counter() - t0 < 60
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def test_shards_match_the_reference_past_the_sliding_window(tmp_path):
+    """A tiny Q8_0 model with one KV head and an 8-token window: 24 decode steps past a 4-token prompt wrap
+    the sliding layers' ring caches; the shards (one thread and two) match the row-parallel program and the
+    numpy reference."""
+    import dataclasses
+
+    import gguf
+    from tiny import TINY, tiny_vocab, tiny_weights
+
+    import workbench as wb
+    from workbench.models.gguf_writer import write_gguf
+
+    config = dataclasses.replace(TINY, n_kv_heads=1, head_dim=32, ffn=128, query_pre_attn_scalar=32)
+    tensors = {}
+    for name, w in tiny_weights(config).items():
+        q8 = w.ndim == 2 and w.shape[1] % 32 == 0
+        tensors[name] = (
+            (GGMLType.Q8_0, gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0))
+            if q8
+            else (GGMLType.F32, w)
+        )
+    path = tmp_path / "tiny-one-kv-head.gguf"
+    write_gguf(path, config, tensors, tiny_vocab())
+    model = wb.load(str(path))
+    ids = list(range(10, 38))
+
+    def decode(name: str, **options) -> tuple[np.ndarray, object]:
+        backend = make_backend(name, model, **options)
+        cache = backend.new_cache(64)
+        backend.run(backend.prepare_graph(model.graph(4, 1)), Step.single(cache, ids[:4], 0))
+        g1 = backend.prepare_graph(model.graph(1, 1))
+        rows = [
+            backend.run(g1, Step.single(cache, [t], 4 + i, "last", "decode"))[-1]
+            for i, t in enumerate(ids[4:])
+        ]
+        plan = backend._programs[id(g1)][1].shards if name == "cpu" else None
+        return np.array(rows), plan
+
+    two, plan = decode("cpu", threads=2)
+    assert plan is not None and plan.threaded
+    one, plan1 = decode("cpu", threads=1)
+    assert plan1 is not None and not plan1.threaded
+    np.testing.assert_array_equal(one, two)
+    rows, no_plan = decode("cpu", threads=2, tune="decode_shards=1")
+    assert no_plan is None
+    want, _ = decode("numpy")
+    np.testing.assert_allclose(two, rows, atol=1e-3, rtol=0)  # the order of float sums (measured 2.3e-4)
+    np.testing.assert_allclose(two, want, atol=5e-3, rtol=0)
