@@ -38,11 +38,11 @@ def _matvec(row: np.ndarray, x: np.ndarray, levels: int, vnni: bool, prefetch: b
     """x @ W.T for the weight-table row ``row`` by the shards' one-thread path (``prefetch``: PF_ROWS rows at
     a time, prefetching the lines of ``x`` in between)."""
     out = np.zeros((1, int(row[mv.W_ROWS])), np.float32)
-    xq = mv.act_codes(1, x.shape[1], vnni) if levels else None
+    xq = mv.act_codes(1, x.shape[1], vnni) if levels else np.zeros((1, 1), np.int16)  # float: unused
     xd = np.zeros((1, x.shape[1] // 32), np.float32)
     xs = np.zeros_like(xd)
-    sh._project(row[None], np.zeros(1, np.int64), 1, x, (out,), levels, xq if levels else np.zeros((1, 1), np.int16),
-                xd, xs, np.array([x.ctypes.data, x.ctypes.data, x.nbytes if prefetch else 0]))  # fmt: skip
+    pf = np.array([x.ctypes.data, x.ctypes.data, x.nbytes if prefetch else 0], np.int64)
+    sh._project(row[None], np.zeros(1, np.int64), 1, x, (out,), levels, xq, xd, xs, pf)
     return out
 
 
