@@ -98,6 +98,29 @@ def _kv_region(kv, layer, width, pos, pf):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def embed(w, token, scale, out):  # pragma: no cover - compiled
+    """``out`` = row ``token`` of the embedding table ``w`` (a weight-table row), times ``scale``."""
+    mv._dequant(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], token, out.ctypes.data, w[mv.W_UNITS])
+    k.scale_rows(out, scale)
+
+
+@njit(cache=True)
+def kv_append(kv, layer, c, pos, arena):  # pragma: no cover - compiled
+    """Store the key and value rows of attention instruction ``c`` (in ``arena``) in ``layer``'s cache slot
+    for ``pos``; returns the layer's keys, values, slot positions and the number of slots in use."""
+    kd = c[C_NORM]  # k/v width (n_kv_heads * head_dim)
+    cap, ring = kv[layer, KV_CAP], kv[layer, KV_RING]
+    keys = numba.carray(f32_ptr(kv[layer, KV_KEYS]), (cap, kd))
+    vals = numba.carray(f32_ptr(kv[layer, KV_VALS]), (cap, kd))
+    kpos = numba.carray(i64_ptr(kv[layer, KV_POS]), (cap,))
+    slot = pos % ring if ring > 0 else pos
+    keys[slot] = arena[c[C_OUTS] : c[C_OUTS] + kd]
+    vals[slot] = arena[c[C_OUTS + 1] : c[C_OUTS + 1] + kd]
+    kpos[slot] = pos
+    return keys, vals, kpos, min(cap, pos + 1)
+
+
+@njit(cache=True)
 def run_program(
     code, fp, wts, arena, norms, token, pos, rope, kv, levels, xq, xd, xs, rpt, stamps, maxima
 ):  # pragma: no cover
@@ -115,29 +138,19 @@ def run_program(
         x = _view(arena, c[C_IN], kk)
         out = _view(arena, c[C_OUT], n)
         if op == EMBED:
-            w = wts[i, 0]
-            mv._dequant(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], token, out.ctypes.data, w[mv.W_UNITS])
-            k.scale_rows(out, fp[i, F_SCALE])
+            embed(wts[i, 0], token, fp[i, F_SCALE], out)
         elif op == NORM_ROPE:
             t = c[C_AUX]
             k.rmsnorm_rope(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX2]], fp[i, F_EPS], rope[t, 0:1], rope[t, 1:2],
                            c[C_AUX2], out)  # fmt: skip
         elif op == ATTENTION:
             layer, hd = c[C_AUX], c[C_AUX2]
-            kd = c[C_NORM]  # k/v width (n_kv_heads * head_dim)
-            cap, ring = kv[layer, KV_CAP], kv[layer, KV_RING]
-            keys = numba.carray(f32_ptr(kv[layer, KV_KEYS]), (cap, kd))
-            vals = numba.carray(f32_ptr(kv[layer, KV_VALS]), (cap, kd))
-            kpos = numba.carray(i64_ptr(kv[layer, KV_POS]), (cap,))
-            slot = pos % ring if ring > 0 else pos
-            keys[slot] = arena[c[C_OUTS] : c[C_OUTS] + kd]
-            vals[slot] = arena[c[C_OUTS + 1] : c[C_OUTS + 1] + kd]
-            kpos[slot] = pos
+            keys, vals, kpos, used = kv_append(kv, layer, c, pos, arena)
             if c[C_BLK] > 0:
-                sa.attend_blocks_one(x[0], keys, vals, kpos, min(cap, pos + 1), ring, pos, kk // hd, hd,
+                sa.attend_blocks_one(x[0], keys, vals, kpos, used, kv[layer, KV_RING], pos, kk // hd, hd,
                                      fp[i, F_SCALE], np.int64(fp[i, F_WINDOW]), c[C_BLK : C_BLK + 4], out[0])  # fmt: skip
             else:
-                k.attend_one(x[0], keys, vals, kpos, min(cap, pos + 1), pos, kk // hd, hd, fp[i, F_SCALE],
+                k.attend_one(x[0], keys, vals, kpos, used, pos, kk // hd, hd, fp[i, F_SCALE],
                              np.int64(fp[i, F_WINDOW]), out[0])  # fmt: skip
         elif op == RMSNORM:  # C_AUX: the group (row length for a plain norm)
             k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX]], fp[i, F_EPS], c[C_AUX], out)
@@ -367,12 +380,8 @@ def execute(
     """Run ``prog`` for ``step``: a view of the logits in the program's arena (valid until the next run of
     this program) and, with ``argmax``, their argmax found by the LM head's own tasks (-1 where they could not:
     see :func:`.matvec.argmax_of_tasks`; cold, np.argmax over the 262,144 logits took 57-70 us a token)."""
-    cache = step.seqs[0].cache
-    pos = int(step.positions[0])
-    kv = _kv_table(prog, cache, pos)
-    rope = _rope_rows(prog, pos)
+    pos, kv, rope, maxima = step_inputs(b, prog, step, argmax)
     stamps = np.zeros(len(prog.ops) + 1 if observer is not None else 0, np.int64)
-    maxima = _maxima(prog, b.rows_per_task) if argmax else mv.NO_MAXIMA
     t0 = time.perf_counter()
     token = run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos, rope, kv,
                         b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima)  # fmt: skip
@@ -381,8 +390,22 @@ def execute(
         for i, op in enumerate(prog.ops):
             start = t0 + (stamps[i] - stamps[0]) / per_s
             observer.on_op(op, step, start, (stamps[i + 1] - stamps[i]) / per_s, None)
-    cache.length = pos + 1
-    return prog.arena[prog.out_offset : prog.out_offset + prog.out_cols].reshape(1, -1), int(token)
+    return step_done(prog, step, pos), int(token)
+
+
+def step_inputs(b: CpuBackend, prog: Program, step: Step, argmax: bool) -> tuple:
+    """What a run of ``prog`` for ``step`` reads besides the program: the position, the per-layer KV table,
+    the rope rows and the LM head's per-task maxima buffer (empty: no argmax wanted)."""
+    pos = int(step.positions[0])
+    kv = _kv_table(prog, step.seqs[0].cache, pos)
+    maxima = _maxima(prog, b.rows_per_task) if argmax else mv.NO_MAXIMA
+    return pos, kv, _rope_rows(prog, pos), maxima
+
+
+def step_done(prog: Program, step: Step, pos: int) -> np.ndarray:
+    """Mark the token at ``pos`` cached; the logits in the program's arena (a view)."""
+    step.seqs[0].cache.length = pos + 1
+    return prog.arena[prog.out_offset : prog.out_offset + prog.out_cols].reshape(1, -1)
 
 
 def _maxima(prog: Program, rpt: int) -> np.ndarray:

@@ -35,7 +35,6 @@ from ..._numba import numba
 from . import kernels as k
 from . import matvec as mv
 from . import program as pg
-from .addr import f32_ptr, i64_ptr
 from .simd import R16_FMTS
 
 if TYPE_CHECKING:
@@ -182,27 +181,18 @@ def _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms,
                 spans[0, s, i] += pg._cycles() - t0
             return i
         elif op == pg.EMBED:
-            w = wts[s, i, 0]
-            mv._dequant(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], token, out.ctypes.data, w[mv.W_UNITS])
-            k.scale_rows(out, fp[i, pg.F_SCALE])
+            pg.embed(wts[s, i, 0], token, fp[i, pg.F_SCALE], out)
         elif op == pg.NORM_ROPE:
             t, hd = c[pg.C_AUX], c[pg.C_AUX2]
             if mode[i] == HEADS:
                 x, out = _part(a, c[pg.C_IN], kk, s, n_sh), _part(a, c[pg.C_OUT], n, s, n_sh)
             k.rmsnorm_rope(x, norms[c[pg.C_NORM] : c[pg.C_NORM] + hd], fp[i, pg.F_EPS], rope[t, 0:1], rope[t, 1:2],
                            hd, out)  # fmt: skip
-        elif op == pg.ATTENTION:
-            layer, hd, kd = c[pg.C_AUX], c[pg.C_AUX2], c[pg.C_NORM]
-            cap, ring = kv[layer, pg.KV_CAP], kv[layer, pg.KV_RING]
-            keys = numba.carray(f32_ptr(kv[layer, pg.KV_KEYS]), (cap, kd))
-            vals = numba.carray(f32_ptr(kv[layer, pg.KV_VALS]), (cap, kd))
-            kpos = numba.carray(i64_ptr(kv[layer, pg.KV_POS]), (cap,))
-            slot = pos % ring if ring > 0 else pos
-            keys[slot] = a[c[pg.C_OUTS] : c[pg.C_OUTS] + kd]  # every shard stores the same bits
-            vals[slot] = a[c[pg.C_OUTS + 1] : c[pg.C_OUTS + 1] + kd]
-            kpos[slot] = pos
+        elif op == pg.ATTENTION:  # every shard stores the same key and value bits
+            hd = c[pg.C_AUX2]
+            keys, vals, kpos, used = pg.kv_append(kv, c[pg.C_AUX], c, pos, a)
             q, o = _part(a, c[pg.C_IN], kk, s, n_sh), _part(a, c[pg.C_OUT], n, s, n_sh)
-            k.attend_serial(q[0], keys, vals, kpos[: min(cap, pos + 1)], pos, kk // n_sh // hd, hd, fp[i, pg.F_SCALE],
+            k.attend_serial(q[0], keys, vals, kpos[:used], pos, kk // n_sh // hd, hd, fp[i, pg.F_SCALE],
                             np.int64(fp[i, pg.F_WINDOW]), o[0])  # fmt: skip
         elif op == pg.RMSNORM:
             k.rmsnorm(x, norms[c[pg.C_NORM] : c[pg.C_NORM] + c[pg.C_AUX]], fp[i, pg.F_EPS], c[pg.C_AUX], out)
@@ -387,14 +377,10 @@ def execute(
 ) -> tuple[np.ndarray, int]:
     """:func:`.program.execute` for a program with a shard plan: the body in shards, then the LM head."""
     sh = prog.shards
-    cache = step.seqs[0].cache
-    pos = int(step.positions[0])
-    kv = pg._kv_table(prog, cache, pos)
-    rope = pg._rope_rows(prog, pos)
+    pos, kv, rope, maxima = pg.step_inputs(b, prog, step, argmax)
     n = len(prog.code) - 1
     spans = np.zeros((2, sh.n_shards, n if observer is not None else 0), np.int64)
     stamps = np.zeros(2 if observer is not None else 0, np.int64)
-    maxima = pg._maxima(prog, b.rows_per_task) if argmax else mv.NO_MAXIMA
     sh.flags[:] = 0
     t0 = time.perf_counter()
     ok = run_shards(sh.threaded, prog.code[:n], prog.fp[:n], sh.mode, sh.wts, sh.c0, sh.arenas, sh.parts, prog.norms,
@@ -417,5 +403,4 @@ def execute(
             at += took[i] / per_s
         sh.spans = spans
         observer.on_op(prog.ops[n], step, t1, (stamps[1] - stamps[0]) / per_s, None)
-    cache.length = pos + 1
-    return prog.arena[prog.out_offset : prog.out_offset + prog.out_cols].reshape(1, -1), int(token)
+    return pg.step_done(prog, step, pos), int(token)
