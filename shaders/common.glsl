@@ -20,6 +20,15 @@ const uint KV_SEQS = 8;  // = workbench.backends.vulkan.kernels.KV_SEQS
 layout(binding = 4) buffer Cache { float v[]; } caches[KV_SEQS];
 layout(binding = 4) buffer Cache4 { vec4 v[]; } caches4[KV_SEQS];
 layout(binding = 5) readonly buffer Weights2 { uint w32b[]; };
+#if defined(Q8_ACT) || defined(QUANT_ACT)
+// int8 activations and their block meta (quant_act.comp writes them, the Q8_ACT matvec reads them)
+layout(binding = 1) buffer ArenaU4 { uvec4 actu4[]; };
+#endif
+#ifdef Q8_ACT
+// the weights as 16-byte words (for the integer matvec's wide loads)
+layout(binding = 0) readonly buffer Weights4 { uvec4 w128[]; };
+layout(binding = 5) readonly buffer Weights2x4 { uvec4 w128b[]; };
+#endif
 
 // Layout of the params buffer: [0] number of tokens T, [1] number of logit rows R,
 // then T token ids from word 4, T positions from word 4 + PARAM_STRIDE, R row indices from 4 + 2*PARAM_STRIDE,

@@ -51,6 +51,26 @@ layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 #define DEQ8 deq_b
 #include "quant.glsl"
 #endif
+#ifdef Q8_ACT
+// int8 activations (quant_act.comp: the input norm, if any, is applied there) and integer dot products
+#if defined(NORM) || defined(F16_MATH)
+#error "Q8_ACT excludes NORM and F16_MATH"
+#endif
+#undef WBUF
+#define WBUF w32
+#define WBUF4 w128
+#define UNITW_LOAD unitw_a
+#include "quant_q8.glsl"
+#ifdef GELU_PAIR
+#undef WBUF
+#undef WBUF4
+#undef UNITW_LOAD
+#define WBUF w32b
+#define WBUF4 w128b
+#define UNITW_LOAD unitw_b
+#include "quant_q8.glsl"
+#endif
+#endif
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
@@ -193,6 +213,34 @@ void main() {
             acc2[j][t] = 0.0;
 #endif
         }
+#ifdef Q8_ACT
+    if (row_base < pc.N) {
+        // x rows: KC int8 values (KC / 16 uvec4), then KC / 32 block metas (vec4)
+        const uint NU = KC / UNIT_COLS;
+        [[unroll]] for (uint u = lane; u < NU; u += ROW_THREADS) {
+            UnitW wa[RB];
+#ifdef GELU_PAIR
+            UnitW wb[RB];
+#endif
+            [[unroll]] for (uint j = 0u; j < RB; ++j) {
+                uint row = min(row_base + j * ROWS, pc.N - 1u);  // rows past N: a valid row, never stored
+                wa[j] = unitw_a(pc.pl, KC, row, u);
+#ifdef GELU_PAIR
+                wb[j] = unitw_b(pc.pl2, KC, row, u);
+#endif
+            }
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                uint qb = (pc.x_off + t * pc.x_stride) / 4u, mb = qb + KC / 16u;
+                [[unroll]] for (uint j = 0u; j < RB; ++j) {
+                    acc[j][t] += unit_dot(wa[j], u, qb, mb);
+#ifdef GELU_PAIR
+                    acc2[j][t] += unit_dot(wb[j], u, qb, mb);
+#endif
+                }
+            }
+        }
+    }
+#else
     if (row_base < pc.N) {
         const uint NC = KC / 8u;
         [[unroll]] for (uint c = lane; c < NC; c += ROW_THREADS) {
@@ -238,6 +286,7 @@ void main() {
             }
         }
     }
+#endif
     [[unroll]] for (uint j = 0u; j < RB; ++j) {
         uint row = row_base + j * ROWS;
         if (scatter_fits()) {

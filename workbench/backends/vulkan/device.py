@@ -68,6 +68,8 @@ class DeviceFeatures:
     cooperative_matrix: bool
     coopmat_f16: bool  # 16x16x16 fp16 x fp16 -> fp32 cooperative matrices at subgroup scope
     memory_model: bool
+    int_dot: bool  # shaderIntegerDotProduct (Vulkan 1.3): the integer matvec (Q8_ACT) can run
+    int_dot_fast: bool  # 4x8-bit packed signed dot products are hardware accelerated (its default)
     max_storage_buffer_range: int
     max_shared_memory: int
     max_invocations: int
@@ -91,6 +93,7 @@ def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
 
+API_1_3 = (1 << 22) | (3 << 12)  # VK_MAKE_API_VERSION(0, 1, 3, 0): integer dot products are core from here
 COOPMAT_FN = "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
 
 
@@ -124,7 +127,8 @@ def _features(vk, instance, pd, index: int) -> DeviceFeatures:
     f11 = vk.VkPhysicalDeviceVulkan11Features(pNext=f12)
     feats = vk.VkPhysicalDeviceFeatures2(pNext=f11)
     vk.vkGetPhysicalDeviceFeatures2(pd, feats)
-    sg_ctl = vk.VkPhysicalDeviceSubgroupSizeControlProperties()
+    dot = vk.VkPhysicalDeviceShaderIntegerDotProductProperties()
+    sg_ctl = vk.VkPhysicalDeviceSubgroupSizeControlProperties(pNext=dot)
     sg = vk.VkPhysicalDeviceSubgroupProperties(pNext=sg_ctl)
     props2 = vk.VkPhysicalDeviceProperties2(pNext=sg)
     vk.vkGetPhysicalDeviceProperties2(pd, props2)
@@ -163,6 +167,9 @@ def _features(vk, instance, pd, index: int) -> DeviceFeatures:
         and bool(f12.vulkanMemoryModel and f12.shaderFloat16)
         and _coopmat_f16(vk, instance, pd),
         memory_model=bool(f12.vulkanMemoryModel),
+        int_dot=p.apiVersion >= API_1_3 and bool(f13.shaderIntegerDotProduct),
+        int_dot_fast=p.apiVersion >= API_1_3
+        and bool(f13.shaderIntegerDotProduct and dot.integerDotProduct4x8BitPackedSignedAccelerated),
         max_storage_buffer_range=int(lim.maxStorageBufferRange),
         max_shared_memory=int(lim.maxComputeSharedMemorySize),
         max_invocations=int(lim.maxComputeWorkGroupInvocations),
@@ -183,7 +190,7 @@ def _compute_queue(vk, queues) -> int | None:
 
 def _instance(vk, validation: bool):
     app = vk.VkApplicationInfo(
-        pApplicationName="workbench", pEngineName="workbench", apiVersion=vk.VK_MAKE_VERSION(1, 2, 0)
+        pApplicationName="workbench", pEngineName="workbench", apiVersion=vk.VK_MAKE_VERSION(1, 3, 0)
     )
     layers, exts = [], []
     if validation:
@@ -307,8 +314,10 @@ class VulkanDevice:
         vk, f = self.vk, self.features
         exts = ["VK_KHR_cooperative_matrix"] if f.coopmat_f16 else []
         coop = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(cooperativeMatrix=vk.VK_TRUE) if exts else None
+        # Vulkan 1.3 features only where enabled (a 1.2 device rejects the struct)
+        f13 = vk.VkPhysicalDeviceVulkan13Features(pNext=coop, shaderIntegerDotProduct=vk.VK_TRUE) if f.int_dot else None
         f12 = vk.VkPhysicalDeviceVulkan12Features(
-            pNext=coop,
+            pNext=f13 or coop,
             shaderFloat16=vk.VK_TRUE if f.fp16 else vk.VK_FALSE,
             shaderInt8=vk.VK_TRUE if f.int8 else vk.VK_FALSE,
             storageBuffer8BitAccess=vk.VK_TRUE if f.storage_8bit else vk.VK_FALSE,
@@ -321,7 +330,7 @@ class VulkanDevice:
             pNext=f11,
             features=vk.VkPhysicalDeviceFeatures(shaderStorageBufferArrayDynamicIndexing=vk.VK_TRUE),
         )
-        self._feature_chain = (core, f11, f12, coop)  # keep the pNext chain alive
+        self._feature_chain = (core, f11, f12, f13, coop)  # keep the pNext chain alive
         queue_info = vk.VkDeviceQueueCreateInfo(
             queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0]
         )

@@ -149,7 +149,12 @@ KERNELS: dict[str, KernelSpec] = {
         (("wg", 0),),
     ),
     "argmax": KernelSpec("argmax", ("x_off", "n", "block", "part_off", "n_parts"), (("wg", 0),)),
+    "quant_act": KernelSpec(
+        "quant_act", ("x_off", "x_stride", "q_off", "q_stride", "K", "nw_off", "eps:f", "ms_off"), (("wg", 0),)
+    ),
 }
+# weight formats with an integer (int8-activation) matvec: shaders/quant_q8.glsl
+Q8_FORMATS = ("Q8_0", "Q5_0", "Q4_K", "Q6_K", "I8", "I4")
 
 # tunables that are not specialization constants but change how the program is built
 PROGRAM_TUNABLES = {
@@ -163,6 +168,10 @@ PROGRAM_TUNABLES = {
     "matvec.post_norm": 1,
     "matvec.fp16": 0,  # fp16 products in the decode matvec (devices with shaderFloat16)
     "matvec.norm_ms": 1,  # fused norms read the mean squares their input's post-norm tail wrote (MS_IN)
+    # int8 activations and integer dot products in the decode matvec (quant_act.comp + Q8_ACT); the default
+    # is 1 where the device accelerates 4x8-bit dot products (set by Tuning), else 0
+    "matvec.q8": 0,
+    "matvec.q8_rows": 1,  # rows per group of threads of the integer matvec in one-token steps
 }
 SWITCHES = (
     "matmul.coop",
@@ -171,8 +180,14 @@ SWITCHES = (
     "matvec.post_norm",
     "matvec.fp16",
     "matvec.norm_ms",
+    "matvec.q8",
 )
-ROW_THREAD_KEYS = ("matvec.row_threads", "matvec.row_threads_tall", "matvec.row_threads_batch")
+ROW_THREAD_KEYS = (
+    "matvec.row_threads",
+    "matvec.row_threads_tall",
+    "matvec.row_threads_batch",
+    "matvec.q8_row_threads",  # threads per row of the integer matvec in one-token steps
+)
 # every kernel tunable: the specialization constants of KERNELS, the per-shape matvec row widths, PROGRAM_TUNABLES
 TUNABLE_NAMES = (
     *(f"{k}.{name}" for k, spec in KERNELS.items() for name, _ in spec.tunables),
@@ -195,7 +210,8 @@ class Tuning:
             "matvec.wg": max(256, wide),
             "matvec.row_threads": 4 * wide,
             "matvec.row_threads_tall": min(16, wide),
-            "matvec.row_threads_batch": 0,  # steps of 2..8 tokens; 0: from K and matvec.batch_chunks
+            "matvec.row_threads_batch": 0,
+            "matvec.q8_row_threads": wide,  # steps of 2..8 tokens; 0: from K and matvec.batch_chunks
             "matvec.batch_chunks": 1,  # 8-column chunks per thread in steps of 2..8 tokens (sets the above)
             "matvec.row_block_tall": 4,  # rows per thread group of the LM head in steps of 2..8 tokens
             # rows per thread group of the other weights in steps of 2..8 tokens (H100, 8 tokens: GPU step
@@ -218,8 +234,10 @@ class Tuning:
             "embed.wg": 64,
             "kv_store.wg": 128,
             "argmax.wg": 256,
+            "quant_act.wg": 64,
             **PROGRAM_TUNABLES,
         }
+        self.values["matvec.q8"] = int(feats.int_dot_fast)
         for key, text in (overrides or {}).items():
             if key not in self.values:
                 raise ValueError(
@@ -291,6 +309,10 @@ class Tuning:
             )
         if f.coopmat_f16:
             errors += _coop_errors(v, f)
+        if v["matvec.q8"] and not f.int_dot:
+            errors.append("matvec.q8=1 needs shaderIntegerDotProduct (Vulkan 1.3), which this device lacks")
+        if not 1 <= v["matvec.q8_rows"] <= 8:
+            errors.append("matvec.q8_rows must be 1..8")
         if v["matvec.fp16"] and not f.fp16:
             errors.append("matvec.fp16=1 needs shaderFloat16, which this device lacks")
         if v["argmax.wg"] & (v["argmax.wg"] - 1):
@@ -355,12 +377,15 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for pair in ((), ("GELU_PAIR",))
                 for ms in ((), ("MS_IN",))
             ]
+        if f[0].removeprefix("FMT_") in Q8_FORMATS:
+            out += [("matvec", (*f, "Q8_ACT", *v)) for v in ((), ("GELU_PAIR",), ("POST_NORM_ADD",))]
         out += [("matmul", f), ("matmul_coop", f), ("embed", f)]
     out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
     out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",), ("KV_OUT",), ("KV_OUT", "NO_NORM"))]
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]
+    out += [("quant_act", d) for d in ((), ("NORM",), ("NORM", "MS_IN"))]
     return out
 
 

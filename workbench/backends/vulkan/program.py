@@ -17,7 +17,7 @@ import numpy as np
 
 from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
-from .kernels import KERNELS, KV_SEQS, batch_row_threads, coop_tile
+from .kernels import KERNELS, KV_SEQS, Q8_FORMATS, batch_row_threads, coop_tile
 from .memory import Buffer
 
 if TYPE_CHECKING:
@@ -99,6 +99,8 @@ class Builder:
     widths: dict[str, int] = field(default_factory=dict)
     pinned: set[str] = field(default_factory=set)  # tensors kept for the whole program (atomic counters)
     groups: list[SeqGroup] = field(default_factory=list)
+    # (input, norm weight) -> its int8 blocks (quant_act), reused by the projections that read them
+    q8_inputs: dict[tuple[str, str | None], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.groups = group_sequences(self.seqs)
@@ -121,6 +123,8 @@ class Builder:
     ) -> None:
         tun = self.backend.tuning
         sp = sorted(dict(tun.spec(kernel) + list(spec or [])).items())  # later entries override
+        for key in [k for k in self.q8_inputs if k[0] in writes]:  # its source changed: quantize again
+            del self.q8_inputs[key]
         self.dispatches.append(
             Dispatch(
                 op.name, kernel, tuple(defines), sp, push, tuple(groups), tuple(reads), tuple(writes), **bufs
@@ -138,13 +142,18 @@ class Builder:
         k = self.widths[x]
         if w.cols != k:
             raise UnsupportedOpError(f"op {op.name}: weight {wname} has {w.cols} columns, input has {k}")
+        w2 = b.weight(up) if up else None
+        if self.integer_path(w, w2, k):
+            x, norm = self.quantized(op, x, norm, eps), None
+            stride = k // 4 + k // 8
+        else:
+            stride = k
         if norm and w.rows > b.tuning["matvec.norm_rows"]:
             # every workgroup of a fused kernel recomputes the norm: for very tall weights (the LM head) one
             # separate RMSNorm dispatch is cheaper
             normed = self.tmp(f"{op.name}:normed", t, k)
             self.rmsnorm(op, x, normed, norm, eps)
             x, norm = normed, None
-        w2 = b.weight(up) if up else None
         counter = self.tmp(f"{op.name}:counter", 1, 1) if post else None
         if counter:
             self.pinned.add(counter)
@@ -155,7 +164,7 @@ class Builder:
         ms_in = f"{x}:ms" if norm and f"{x}:ms" in self.sizes and b.tuning["matvec.norm_ms"] else None
         for i, part in enumerate(w.parts):
             push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, T=t,
-                        row0=part.row0, x_off=Ref(x), x_stride=k, y_off=Ref(y), y_stride=self.widths[y],
+                        row0=part.row0, x_off=Ref(x), x_stride=stride, y_off=Ref(y), y_stride=self.widths[y],
                         nw_off=b.small_offset(norm) if norm else 0, eps=eps, r_off=Ref(res) if res else 0,
                         r_stride=self.widths[res] if res else 0, o_off=Ref(out) if out else 0,
                         o_stride=self.widths[out] if out else 0, pw_off=b.small_offset(pw) if pw else 0,
@@ -164,15 +173,19 @@ class Builder:
             defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["MS_IN"] if ms_in else []
             defines += ["POST_NORM_ADD"] if post else []
-            defines += ["F16_MATH"] if b.tuning["matvec.fp16"] else []
+            q8 = stride != k
+            defines += ["Q8_ACT"] if q8 else ["F16_MATH"] if b.tuning["matvec.fp16"] else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
-            if tall:
-                rt = b.tuning["matvec.row_threads_tall"]
-            elif t > 1:
-                rt = batch_row_threads(b.tuning.values, k, w2 is not None)
+            if q8 and t == 1:
+                rt, rb = b.tuning["matvec.q8_row_threads"], b.tuning["matvec.q8_rows"]
             else:
-                rt = b.tuning["matvec.row_threads"]
-            rb = b.tuning["matvec.row_block_tall" if tall else "matvec.row_block_batch"] if t > 1 else 1
+                if tall:
+                    rt = b.tuning["matvec.row_threads_tall"]
+                elif t > 1:
+                    rt = batch_row_threads(b.tuning.values, k, w2 is not None)
+                else:
+                    rt = b.tuning["matvec.row_threads"]
+                rb = b.tuning["matvec.row_block_tall" if tall else "matvec.row_block_batch"] if t > 1 else 1
             wg = b.tuning["matvec.wg_tall" if tall else "matvec.wg"]
             gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
             reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
@@ -180,6 +193,31 @@ class Builder:
             spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
+
+    def integer_path(self, w, w2, k: int) -> bool:
+        """Whether a decode projection runs on int8 activations (``matvec.q8``): its format has an integer
+        decoder (shaders/quant_q8.glsl), and a fused pair shares it."""
+        if not self.backend.tuning["matvec.q8"] or k % 32:
+            return False
+        fmts = [w.defines[0]] + ([w2.defines[0]] if w2 else [])
+        return all(f.removeprefix("FMT_") in Q8_FORMATS for f in fmts) and (w2 is None or w.defines == w2.defines)
+
+    def quantized(self, op: Op, x: str, norm: str | None, eps: float) -> str:
+        """``x`` (RMS-normalized by ``norm`` if given) as int8 blocks for the integer matvec: one quant_act
+        dispatch per input and norm, shared by the projections that read it (QKV, the LM head's parts)."""
+        key = (x, norm)
+        if key in self.q8_inputs:
+            return self.q8_inputs[key]
+        b, t, k = self.backend, self.rows(x), self.widths[x]
+        name = self.tmp(f"{x}:q8" + (f":{norm}" if norm else ""), t, k // 4 + k // 8)
+        ms_in = f"{x}:ms" if norm and f"{x}:ms" in self.sizes and b.tuning["matvec.norm_ms"] else None
+        push = dict(x_off=Ref(x), x_stride=self.widths[x], q_off=Ref(name), q_stride=k // 4 + k // 8, K=k,
+                    nw_off=b.small_offset(norm) if norm else 0, eps=eps, ms_off=Ref(ms_in) if ms_in else 0)  # fmt: skip
+        defines = (["NORM"] if norm else []) + (["MS_IN"] if ms_in else [])
+        groups = -(-(k // 32) // b.tuning["quant_act.wg"])
+        self.add(op, "quant_act", push, (groups, t, 1), [x] + ([ms_in] if ms_in else []), [name], defines)
+        self.q8_inputs[key] = name
+        return name
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
         """Prefill projection: the cooperative-matrix kernel (fp16 in, fp32 accumulate) where the device has
