@@ -1,5 +1,7 @@
 """``workbench bench``: warm-ups, N timed repeats of prefill + decode, medians with bootstrap intervals,
-optionally alternating with llama.cpp on the same GGUF, prompt, lengths and threads, and a profiled run.
+optionally alternating with llama.cpp on the same GGUF, prompt, lengths, depth, device and threads, and a
+profiled run. At a depth D every repeat first prefills D tokens untimed, then times the prompt's prefill and
+the decode steps after them (llama-bench's ``-d``).
 """
 
 from __future__ import annotations
@@ -7,7 +9,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,9 @@ from ..instrument import environment
 from ..instrument.profiler import Profiler, by_kind, overhead_summary
 from ..models.model import Model
 from ..runtime.engine import Engine
-from .stats import median_ci, percentiles, ratio_ci
+from .comparison import compare, open_llama_cpp
+from .stats import median_ci
+from .timing import RunTiming, summarize
 
 PROMPT_TEXT = Path(__file__).resolve().parents[1] / "data" / "declaration.txt"
 
@@ -36,6 +40,8 @@ class BenchConfig:
     trace: str | None = None
     profile: bool = True
     backend_options: dict[str, Any] | None = None
+    depth: int = 0  # tokens prefilled (untimed) before each timed prefill
+    llama_cpp: str | None = None  # a llama-bench or llama-server binary (or its folder) for --backend vulkan
 
     def validate(self) -> None:
         if self.prompt_tokens < 1:
@@ -46,6 +52,10 @@ class BenchConfig:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.warmups < 0:
             raise ValueError(f"--warmups must be >= 0, got {self.warmups}")
+        if self.depth < 0:
+            raise ValueError(f"--depth must be >= 0, got {self.depth}")
+        if self.llama_cpp and self.vs != "llama.cpp":
+            raise ValueError("--llama-cpp is the binary of the comparison: give it with --vs llama.cpp")
         if self.vs not in (None, "llama.cpp"):
             raise ValueError(f"--vs accepts only 'llama.cpp', got {self.vs!r}")
 
@@ -60,21 +70,24 @@ def bench_prompt(model: Model, n: int) -> list[int]:
     return ids[:n]
 
 
-@dataclass
-class RunTiming:
-    prefill_s: float
-    ttft_s: float
-    decode_latencies_s: list[float]
-    decode_device_s: list[float] = field(default_factory=list)  # accelerator time per step, where measured
-
-    @property
-    def decode_s(self) -> float:
-        return float(sum(self.decode_latencies_s))
+def depth_and_prompt(model: Model, depth: int, prompt_tokens: int) -> tuple[list[int], list[int]]:
+    """The ``depth`` tokens prefilled before the timed prompt, and the prompt: one text cut in two, so that
+    without a depth the prompt is exactly :func:`bench_prompt`'s."""
+    ids = bench_prompt(model, depth + prompt_tokens)
+    return ids[:depth], ids[depth:]
 
 
-def time_ours(engine: Engine, prompt: list[int], gen: int) -> RunTiming:
-    """One repeat: prefill the prompt, then ``gen`` greedy decode steps, each timed."""
-    seq = engine.new_sequence(max_len=len(prompt) + gen + 1)
+def time_ours(engine: Engine, prompt: list[int], gen: int, depth: list[int] | None = None) -> RunTiming:
+    """One repeat: prefill ``depth`` untimed (and unprofiled), then time the prefill of ``prompt`` after it
+    and ``gen`` greedy decode steps, each."""
+    depth = depth or []
+    seq = engine.new_sequence(max_len=len(depth) + len(prompt) + gen + 1)
+    if depth:
+        observer, engine.observer = engine.observer, None
+        try:
+            engine.forward(seq, depth)  # returns the logits to the host: the device is done with it
+        finally:
+            engine.observer = observer
     t0 = time.perf_counter()
     logits = engine.forward(seq, prompt)
     t1 = time.perf_counter()
@@ -91,36 +104,6 @@ def time_ours(engine: Engine, prompt: list[int], gen: int) -> RunTiming:
     return RunTiming(t1 - t0, ttft, lat, dev)
 
 
-def summarize(runs: list[RunTiming], prompt_tokens: int, gen: int) -> dict[str, Any]:
-    pre = [prompt_tokens / r.prefill_s for r in runs]
-    dec = [gen / r.decode_s for r in runs]
-    lat = [x for r in runs for x in r.decode_latencies_s]
-    overhead = [
-        1.0 - d / w for r in runs if len(r.decode_device_s) == len(r.decode_latencies_s)
-        for w, d in zip(r.decode_latencies_s, r.decode_device_s)
-    ]  # fmt: skip
-    out_overhead = (
-        {"decode_host_overhead_share": median_ci(overhead),
-         "decode_host_overhead_how": "measured: step wall time minus the GPU time of its command buffer"}
-        if overhead else {}
-    )  # fmt: skip
-    return {
-        **out_overhead,
-        "prefill_tok_s": median_ci(pre),
-        "decode_tok_s": median_ci(dec),
-        "time_to_first_token_s": median_ci([r.ttft_s for r in runs]),
-        "decode_latency_s": percentiles(lat),
-        "samples": {
-            "prefill_tok_s": pre,
-            "decode_tok_s": dec,
-            "time_to_first_token_s": [r.ttft_s for r in runs],
-            "decode_latency_p50_s": [
-                float(np.median(r.decode_latencies_s)) for r in runs if r.decode_latencies_s
-            ],
-        },
-    }
-
-
 class BandwidthSideBySide:
     """The host's streaming read bandwidth measured after each repeat, so that decode is compared with the
     bandwidth bound of the same moment: on a shared VM the bandwidth moved 47-83 GB/s within an hour."""
@@ -130,7 +113,7 @@ class BandwidthSideBySide:
         from .batching import decode_step_bytes
 
         self.threads = cfg.threads or engine.backend.threads_used()
-        self.context = cfg.prompt_tokens + cfg.gen_tokens // 2
+        self.context = cfg.depth + cfg.prompt_tokens + cfg.gen_tokens // 2
         self.bytes = decode_step_bytes(engine.model, 1, self.context)
         self.buf = stream_buffer()
         self.gbs: list[float] = []
@@ -176,49 +159,42 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
     cfg.validate()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     model = load(cfg.model)
-    need = cfg.prompt_tokens + cfg.gen_tokens + 8
+    need = cfg.depth + cfg.prompt_tokens + cfg.gen_tokens + 8
     if need > model.config.context_length:
         raise ValueError(
-            f"--prompt-tokens + --gen-tokens ({cfg.prompt_tokens} + {cfg.gen_tokens}) exceed the context of "
-            f"{cfg.model} ({model.config.context_length} tokens)"
+            f"--depth + --prompt-tokens + --gen-tokens ({cfg.depth} + {cfg.prompt_tokens} + {cfg.gen_tokens}, "
+            f"+ 8 spare) exceed the context of {cfg.model} ({model.config.context_length} tokens)"
         )
     opts = dict(cfg.backend_options or {})
     if cfg.threads is not None:
         opts["threads"] = cfg.threads
-    engine = Engine(model, cfg.backend, max_context=cfg.prompt_tokens + cfg.gen_tokens + 8, **opts)
-    prompt = bench_prompt(model, cfg.prompt_tokens)
+    engine = Engine(model, cfg.backend, max_context=need, **opts)
+    depth, prompt = depth_and_prompt(model, cfg.depth, cfg.prompt_tokens)
     theirs = None
-    if cfg.vs == "llama.cpp":
-        from .llama_cpp import LlamaCppRunner
-
-        if model.kind not in ("gguf", "synthetic"):
-            raise ValueError("--vs llama.cpp needs a GGUF model (llama.cpp reads only GGUF)")
-        theirs = LlamaCppRunner(
-            model.source,
-            threads=cfg.threads or engine.backend.threads_used(),
-            n_ctx=cfg.prompt_tokens + cfg.gen_tokens + 16,
-        )
-    dev = engine.backend.device
-    log(
-        f"bench: {model.name}{' (SYNTHETIC weights)' if model.synthetic else ''} on {engine.backend.name} "
-        f"({dev.label()}), prompt {cfg.prompt_tokens}, gen {cfg.gen_tokens}, {cfg.warmups} warm-up + "
-        f"{cfg.repeats} repeats{', alternating with llama.cpp' if theirs else ''}"
-    )
     try:
+        if cfg.vs == "llama.cpp":
+            theirs = open_llama_cpp(model, engine, need + 8, cfg.threads, cfg.llama_cpp)
+        dev = engine.backend.device
+        log(
+            f"bench: {model.name}{' (SYNTHETIC weights)' if model.synthetic else ''} on {engine.backend.name} "
+            f"({dev.label()}), prompt {cfg.prompt_tokens}, gen {cfg.gen_tokens}, depth {cfg.depth}, "
+            f"{cfg.warmups} warm-up + {cfg.repeats} repeats"
+            + (f", alternating with {theirs.version} ({theirs.describe()['device']})" if theirs else "")
+        )
         t_warm = time.perf_counter()
         for _ in range(cfg.warmups):
-            time_ours(engine, prompt, cfg.gen_tokens)
+            time_ours(engine, prompt, cfg.gen_tokens, depth)
             if theirs:
-                theirs.run(prompt, cfg.gen_tokens)
+                theirs.run(depth, prompt, cfg.gen_tokens)
         warm_s = time.perf_counter() - t_warm
         ours_runs, their_runs = [], []
         side = BandwidthSideBySide(engine, cfg) if dev.kind == "cpu" else None
         for i in range(cfg.repeats):
-            ours_runs.append(time_ours(engine, prompt, cfg.gen_tokens))
+            ours_runs.append(time_ours(engine, prompt, cfg.gen_tokens, depth))
             if side:
                 side.measure()
             if theirs:
-                their_runs.append(theirs.run(prompt, cfg.gen_tokens))
+                their_runs.append(theirs.run(depth, prompt, cfg.gen_tokens))
             r = ours_runs[-1]
             log(
                 f"  repeat {i + 1}/{cfg.repeats}: prefill {cfg.prompt_tokens / r.prefill_s:8.1f} tok/s, "
@@ -240,7 +216,7 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
             prof = Profiler()
             engine.observer = prof
             prof_runs = [
-                time_ours(engine, prompt, cfg.gen_tokens) for _ in range(2 if cfg.repeats > 1 else 1)
+                time_ours(engine, prompt, cfg.gen_tokens, depth) for _ in range(2 if cfg.repeats > 1 else 1)
             ]
             engine.observer = None
             ops, steps = prof.dataframe(), prof.step_frame()
@@ -262,31 +238,18 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
         result: dict[str, Any] = {
             "prefill_tok_s": ours["prefill_tok_s"]["median"],
             "decode_tok_s": ours["decode_tok_s"]["median"],
+            "depth": cfg.depth,
             "ours": ours,
             "warmup_s": warm_s,
             "profile": profile_info,
         }
         if theirs:
-            t = summarize(their_runs, cfg.prompt_tokens, cfg.gen_tokens)
-            t["peak_rss_bytes"] = theirs.peak_rss_bytes()
-            t["version"] = theirs.version
-            result["llama_cpp"] = t
-            pr = ratio_ci(ours["samples"]["prefill_tok_s"], t["samples"]["prefill_tok_s"])
-            dr = ratio_ci(ours["samples"]["decode_tok_s"], t["samples"]["decode_tok_s"])
-            result["vs_llama_cpp"] = {
-                "prefill_ratio": pr["ratio"],
-                "decode_ratio": dr["ratio"],
-                "prefill_ratio_ci": [pr["lo"], pr["hi"]],
-                "decode_ratio_ci": [dr["lo"], dr["hi"]],
-                "peak_rss_ratio": ours["peak_rss_bytes"] / t["peak_rss_bytes"]
-                if t["peak_rss_bytes"]
-                else None,
-            }
-            for key in ("time_to_first_token_s", "decode_latency_p50_s"):  # lower is better: ours/theirs
-                r = ratio_ci(ours["samples"][key], t["samples"].get(key, []))
-                result["vs_llama_cpp"][f"{key.removesuffix('_s')}_ratio"] = r["ratio"]
-                result["vs_llama_cpp"][f"{key.removesuffix('_s')}_ratio_ci"] = [r["lo"], r["hi"]]
+            result["llama_cpp"], result["vs_llama_cpp"] = compare(
+                ours, their_runs, theirs, cfg.prompt_tokens, cfg.gen_tokens
+            )
         how = f"measured on {dev.label()} ({dev.kind})"
+        if cfg.depth:
+            how += f", at depth {cfg.depth} (that many tokens prefilled, untimed, before each timed prefill)"
         if model.synthetic:
             how += ", synthetic weights"
         record = {

@@ -10,9 +10,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import blas_env
-from .harness import RunTiming
+from .timing import RunTiming
 
 WORKER = Path(__file__).with_name("llama_worker.py")
 
@@ -41,6 +42,7 @@ class LlamaCppRunner:
 
     def __init__(self, model_path: str, threads: int, n_ctx: int):
         self.version = llama_cpp_version()
+        self.threads = threads
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), model_path, str(threads), str(n_ctx)],
             env=blas_env.foreign_env(),
@@ -68,8 +70,9 @@ class LlamaCppRunner:
             raise RuntimeError(f"llama.cpp worker: {res['error']}")
         return res
 
-    def run(self, prompt: list[int], gen: int) -> RunTiming:
-        r = self._call({"op": "run", "prompt": prompt, "gen": gen})
+    def run(self, depth: list[int], prompt: list[int], gen: int) -> RunTiming:
+        """Prefill ``prompt`` after an untimed prefill of ``depth``, then ``gen`` greedy decode steps."""
+        r = self._call({"op": "run", "depth": depth, "prompt": prompt, "gen": gen})
         return RunTiming(r["prefill_s"], r["ttft_s"], r["decode_latencies_s"])
 
     def greedy(self, prompt: list[int], gen: int) -> list[int]:
@@ -77,6 +80,18 @@ class LlamaCppRunner:
 
     def peak_rss_bytes(self) -> int:
         return int(self._call({"op": "rss"})["peak_rss_bytes"])
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "llama-cpp-python",
+            "build": self.version,
+            "device": "cpu",
+            "threads": self.threads,
+            "how": (
+                "measured in a child process by llama-cpp-python on the host CPU, timed like ours: prefill of "
+                "the same token ids, then greedy decode steps (argmax of the logits) of one token each"
+            ),
+        }
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_device_arg, add_json_arg, add_model_args, positive_int
+from .common import add_device_arg, add_json_arg, add_model_args, non_negative_int, positive_int
 
 
 def add_parser(sub) -> None:
@@ -16,12 +16,31 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-tokens", "-p", type=positive_int, default=128)
     p.add_argument("--gen-tokens", "-g", type=positive_int, default=32)
     p.add_argument("--repeats", "-r", type=positive_int, default=5)
+    p.add_argument(
+        "--depth",
+        "-d",
+        type=non_negative_int,
+        default=0,
+        help="context depth: prefill this many tokens (untimed) before each timed prefill and decode, "
+        "as llama-bench's -d (default 0)",
+    )
     p.add_argument("--warmups", type=int, default=1)
     p.add_argument(
         "--threads", "-t", type=positive_int, default=None, help="host threads (ours and llama.cpp's)"
     )
     p.add_argument(
-        "--vs", choices=["llama.cpp"], default=None, help="alternate runs with llama.cpp on the same GGUF"
+        "--vs",
+        choices=["llama.cpp"],
+        default=None,
+        help="alternate runs with llama.cpp on the same GGUF and device (--backend vulkan: a Vulkan build "
+        "of llama.cpp, see --llama-cpp; host backends: llama-cpp-python, extra 'bench')",
+    )
+    p.add_argument(
+        "--llama-cpp",
+        default=None,
+        metavar="PATH",
+        help="with --backend vulkan --vs llama.cpp: a llama-bench or llama-server binary built with Vulkan, "
+        "or its folder (llama-bench preferred); default: the llama-server of the extra 'bench-vulkan'",
     )
     p.add_argument(
         "--trace", default=None, help="write a Chrome/Perfetto trace of a profiled run to this path"
@@ -40,17 +59,19 @@ def run(args: argparse.Namespace) -> int:
 
     opts = {"tune": args.tune} if args.tune else None
     cfg = BenchConfig(
-        args.model,
-        args.backend,
-        args.prompt_tokens,
-        args.gen_tokens,
-        args.repeats,
-        args.warmups,
-        args.threads,
-        args.vs,
-        args.trace,
-        not args.no_profile,
-        opts,
+        model=args.model,
+        backend=args.backend,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        repeats=args.repeats,
+        warmups=args.warmups,
+        threads=args.threads,
+        vs=args.vs,
+        trace=args.trace,
+        profile=not args.no_profile,
+        backend_options=opts,
+        depth=args.depth,
+        llama_cpp=args.llama_cpp,
     )
     res = run_bench(cfg)
     if args.json:
@@ -58,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     o = res["ours"]
     print(f"{res['model']} on {res['backend']} ({res['how']})")
+    if res["depth"]:
+        print(f"  at depth {res['depth']}: figures are for the prompt and decode after {res['depth']} tokens")
     for key, label in (
         ("prefill_tok_s", "prefill tok/s"),
         ("decode_tok_s", "decode tok/s"),
@@ -91,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if "vs_llama_cpp" in res:
         v, t = res["vs_llama_cpp"], res["llama_cpp"]
         print(
-            f"  llama.cpp {t['version']}: prefill {t['prefill_tok_s']['median']:.1f} tok/s, decode "
-            f"{t['decode_tok_s']['median']:.1f} tok/s"
+            f"  llama.cpp {t['version']} on {t['engine']['device']}: prefill {t['prefill_tok_s']['median']:.1f} "
+            f"tok/s, decode {t['decode_tok_s']['median']:.1f} tok/s"
         )
+        print(f"    ({t['how']})")
         print(
             f"  ratio ours/llama.cpp     prefill {v['prefill_ratio']:.3f} {v['prefill_ratio_ci']}, "
             f"decode {v['decode_ratio']:.3f} {v['decode_ratio_ci']}"
