@@ -2,10 +2,12 @@
 // Prefill projection Y[m, row0 + n] = sum_k X[m, k] * W[n, k] on cooperative matrices (tensor cores /
 // WMMA): fp16 inputs, fp32 accumulation. A workgroup of SUBGROUPS subgroups computes a BM x BN tile
 // (BM = WM * TM * 16 tokens, BN = (SUBGROUPS / WM) * TN * 16 weight rows); per step it stages BK = 32
-// columns of X and of the dequantized weight in shared memory as fp16, and each subgroup multiplies its
-// TM x TN grid of 16x16 matrices. Results go through shared memory so that edges are bounds-checked.
-// K must be a multiple of 32. Activations beyond the fp16 range are clamped to +-65504 (a deliberate,
-// documented difference from the fp32 kernel, matmul.comp).
+// columns of X and of the dequantized weight (dequantization fused into the tile load) in shared memory as
+// fp16, and each subgroup multiplies its TM x TN grid of 16x16 matrices. The next step's tiles are loaded
+// into registers before this step's products, so global loads overlap the matrix work (one barrier pair per
+// step). Whole 16x16 results go straight to the arena; those cut by the edges go through a per-subgroup
+// 16x16 staging tile, bounds-checked. K must be a multiple of 32. Activations beyond the fp16 range are
+// clamped to +-65504 (a documented difference from the fp32 kernel, matmul.comp).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -27,8 +29,10 @@ const uint WN = SUBGROUPS / WM;
 const uint BM = WM * TM * 16u;
 const uint BN = WN * TN * 16u;
 const uint BK = 32;
-const uint SX = BK + 8u;   // row stride of the fp16 staging tiles (16-byte aligned rows, fewer bank conflicts)
-const uint SC = BN + 4u;   // row stride of the fp32 result tile
+const uint SX = BK + 8u;  // row stride of the fp16 staging tiles (16-byte aligned rows, fewer bank conflicts)
+// loads per thread and step: X as vec4 (BM * BK / 4 in all), W as 8-value chunks (BN * BK / 8 in all)
+const uint XL = (BM * (BK / 4u) + WG - 1u) / WG;
+const uint WL = (BN * (BK / 8u) + WG - 1u) / WG;
 
 layout(push_constant) uniform PC {
     uvec4 pl;
@@ -38,9 +42,51 @@ layout(push_constant) uniform PC {
 
 shared float16_t xs[BM * SX];
 shared float16_t ws[BN * SX];
-shared float cs[BM * SC];
+shared float edge[SUBGROUPS * 256u];
 
 #define CM(use, type) coopmat<type, gl_ScopeSubgroup, 16, 16, use>
+
+vec4 xreg[XL];
+vec4 wreg[2u * WL];
+
+// Registers <- step k0's X and W tiles (zeros outside the matrices).
+void load_tiles(uint k0, uint m0, uint n0, uint tid) {
+    [[unroll]] for (uint j = 0u; j < XL; ++j) {
+        uint i = tid + j * WG;
+        uint m = i / (BK / 4u), c = i % (BK / 4u);
+        xreg[j] = vec4(0.0);
+        if (i < BM * (BK / 4u) && m0 + m < pc.T)
+            xreg[j] = clamp(act4[(pc.x_off + (m0 + m) * pc.x_stride + k0) / 4u + c], -65504.0, 65504.0);
+    }
+    [[unroll]] for (uint j = 0u; j < WL; ++j) {
+        uint i = tid + j * WG;
+        uint n = i / (BK / 8u), c = i % (BK / 8u);
+        wreg[2u * j] = vec4(0.0);
+        wreg[2u * j + 1u] = vec4(0.0);
+        if (i < BN * (BK / 8u) && n0 + n < pc.N) deq_a(pc.pl, pc.K, n0 + n, k0 / 8u + c, wreg[2u * j], wreg[2u * j + 1u]);
+    }
+}
+
+// Shared tiles <- the registers, as fp16.
+void store_tiles(uint tid) {
+    [[unroll]] for (uint j = 0u; j < XL; ++j) {
+        uint i = tid + j * WG;
+        if (i < BM * (BK / 4u)) {
+            uint o = (i / (BK / 4u)) * SX + 4u * (i % (BK / 4u));
+            f16vec4 h = f16vec4(xreg[j]);
+            xs[o] = h.x; xs[o + 1u] = h.y; xs[o + 2u] = h.z; xs[o + 3u] = h.w;
+        }
+    }
+    [[unroll]] for (uint j = 0u; j < WL; ++j) {
+        uint i = tid + j * WG;
+        if (i < BN * (BK / 8u)) {
+            uint o = (i / (BK / 8u)) * SX + 8u * (i % (BK / 8u));
+            f16vec4 lo = f16vec4(wreg[2u * j]), hi = f16vec4(wreg[2u * j + 1u]);
+            ws[o] = lo.x; ws[o + 1u] = lo.y; ws[o + 2u] = lo.z; ws[o + 3u] = lo.w;
+            ws[o + 4u] = hi.x; ws[o + 5u] = hi.y; ws[o + 6u] = hi.z; ws[o + 7u] = hi.w;
+        }
+    }
+}
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -50,34 +96,12 @@ void main() {
     CM(gl_MatrixUseAccumulator, float) acc[TM * TN];
     [[unroll]] for (uint i = 0u; i < TM * TN; ++i) acc[i] = CM(gl_MatrixUseAccumulator, float)(0.0);
 
+    load_tiles(0u, m0, n0, tid);
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
-        for (uint i = tid; i < BM * (BK / 4u); i += WG) {
-            uint m = i / (BK / 4u), c = i % (BK / 4u);
-            uint gm = m0 + m;
-            vec4 v = vec4(0.0);
-            if (gm < pc.T) {
-                uint base = pc.x_off + gm * pc.x_stride + k0 + 4u * c;
-                v = vec4(act[base], act[base + 1u], act[base + 2u], act[base + 3u]);
-            }
-            v = clamp(v, -65504.0, 65504.0);
-            uint o = m * SX + 4u * c;
-            xs[o] = float16_t(v.x);
-            xs[o + 1u] = float16_t(v.y);
-            xs[o + 2u] = float16_t(v.z);
-            xs[o + 3u] = float16_t(v.w);
-        }
-        for (uint i = tid; i < BN * (BK / 8u); i += WG) {
-            uint n = i / (BK / 8u), c = i % (BK / 8u);
-            uint gn = n0 + n;
-            vec4 lo = vec4(0.0), hi = vec4(0.0);
-            if (gn < pc.N) deq_a(pc.pl, pc.K, gn, k0 / 8u + c, lo, hi);
-            uint o = n * SX + 8u * c;
-            [[unroll]] for (uint e = 0u; e < 4u; ++e) {
-                ws[o + e] = float16_t(lo[e]);
-                ws[o + 4u + e] = float16_t(hi[e]);
-            }
-        }
+        barrier();  // the previous step's products have read the shared tiles
+        store_tiles(tid);
         barrier();
+        if (k0 + BK < pc.K) load_tiles(k0 + BK, m0, n0, tid);  // in flight during the products below
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
             CM(gl_MatrixUseA, float16_t) a[TM];
             CM(gl_MatrixUseB, float16_t) b[TN];
@@ -89,16 +113,26 @@ void main() {
                 [[unroll]] for (uint j = 0u; j < TN; ++j)
                     acc[i * TN + j] = coopMatMulAdd(a[i], b[j], acc[i * TN + j]);
         }
-        barrier();
     }
+    // whole 16x16 results straight to the arena (16-byte aligned rows), the rest through `edge`
+    bool aligned = pc.y_stride % 4u == 0u && (pc.y_off + pc.row0) % 4u == 0u;
+    uint lane = gl_SubgroupInvocationID;
     [[unroll]] for (uint i = 0u; i < TM; ++i)
-        [[unroll]] for (uint j = 0u; j < TN; ++j)
-            coopMatStore(acc[i * TN + j], cs, ((wm * TM + i) * 16u) * SC + (wn * TN + j) * 16u, SC,
-                         gl_CooperativeMatrixLayoutRowMajor);
-    barrier();
-    for (uint i = tid; i < BM * BN; i += WG) {
-        uint m = i / BN, n = i % BN;
-        uint gm = m0 + m, gn = n0 + n;
-        if (gm < pc.T && gn < pc.N) act[pc.y_off + gm * pc.y_stride + pc.row0 + gn] = cs[m * SC + n];
-    }
+        [[unroll]] for (uint j = 0u; j < TN; ++j) {
+            uint gm = m0 + (wm * TM + i) * 16u, gn = n0 + (wn * TN + j) * 16u;
+            if (gm >= pc.T || gn >= pc.N) continue;
+            if (aligned && gm + 16u <= pc.T && gn + 16u <= pc.N) {
+                coopMatStore(acc[i * TN + j], act, pc.y_off + gm * pc.y_stride + pc.row0 + gn, pc.y_stride,
+                             gl_CooperativeMatrixLayoutRowMajor);
+                continue;
+            }
+            coopMatStore(acc[i * TN + j], edge, sg * 256u, 16u, gl_CooperativeMatrixLayoutRowMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            for (uint e = lane; e < 256u; e += gl_SubgroupSize) {
+                uint m = gm + e / 16u, n = gn + e % 16u;
+                if (m < pc.T && n < pc.N) act[pc.y_off + m * pc.y_stride + pc.row0 + n] = edge[sg * 256u + e];
+            }
+            subgroupBarrier();
+        }
 }

@@ -12,7 +12,7 @@ from typing import Any
 # sub-command -> module under workbench.cli that defines ``add_parser(subparsers)`` and ``run(args)``
 COMMANDS = (
     "generate", "bench", "limits", "info", "devices", "synth", "runs", "sweep", "report", "calibrate", "placement",
-    "serve", "eval", "batching", "speculate",
+    "serve", "eval", "batching", "speculate", "tune",
 )  # fmt: skip
 
 

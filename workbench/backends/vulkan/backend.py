@@ -26,6 +26,7 @@ from .kv_cache import KVPool, VulkanKVCache
 from .memory import Buffer, Transfers
 from .program import MAX_STEP_TOKENS, Builder
 from .recorded import Recorded
+from .tuned import AppliedTuning, TuningDB
 from .weights import DeviceWeight, upload_weight
 
 MAX_PROGRAMS = 32  # recorded step programs kept (shapes x batch compositions)
@@ -46,7 +47,7 @@ class VulkanBackend(Backend):
     """Runs step graphs on a Vulkan device (``device_id``: index or name; validation: Khronos layer)."""
 
     name = "vulkan"
-    tunable_names = (*TUNABLE_NAMES, "fused", "timestamps", "device")
+    tunable_names = (*TUNABLE_NAMES, "fused", "timestamps", "device", "tuned")
 
     def __init__(self, model: Model, threads: int | None = None, tune: str | None = None,
                  device_id: str | int | None = None, validation: bool | None = None):  # fmt: skip
@@ -62,6 +63,12 @@ class VulkanBackend(Backend):
         try:
             self.tuning = Tuning(
                 self.dev.features, {k: v for k, v in self._tune.items() if k in TUNABLE_NAMES}
+            )
+            # per-shape parameters from `workbench tune` on this device and driver (tuned=0: defaults only)
+            self.tuned = (
+                TuningDB.load().for_device(self.dev.features)
+                if self.tunable("tuned", True)
+                else AppliedTuning(None, {})
             )
             self.fused = self.tunable("fused", True)
             self.gemm_kernel, self.gemm_note = self._choose_gemm()
@@ -103,6 +110,8 @@ class VulkanBackend(Backend):
                 "weights_bytes": sum(w.nbytes for w in self._weights.values()),
                 "upload_s": round(getattr(self, "upload_s", 0.0), 3),
                 "tunables": dict(self.tuning.values),
+                "integer_matvec": bool(self.tuning["matvec.q8"]),
+                "tuned_shapes": self.tuned.describe(),
             },
         )
 

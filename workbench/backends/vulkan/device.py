@@ -315,7 +315,11 @@ class VulkanDevice:
         exts = ["VK_KHR_cooperative_matrix"] if f.coopmat_f16 else []
         coop = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(cooperativeMatrix=vk.VK_TRUE) if exts else None
         # Vulkan 1.3 features only where enabled (a 1.2 device rejects the struct)
-        f13 = vk.VkPhysicalDeviceVulkan13Features(pNext=coop, shaderIntegerDotProduct=vk.VK_TRUE) if f.int_dot else None
+        f13 = (
+            vk.VkPhysicalDeviceVulkan13Features(pNext=coop, shaderIntegerDotProduct=vk.VK_TRUE)
+            if f.int_dot
+            else None
+        )
         f12 = vk.VkPhysicalDeviceVulkan12Features(
             pNext=f13 or coop,
             shaderFloat16=vk.VK_TRUE if f.fp16 else vk.VK_FALSE,

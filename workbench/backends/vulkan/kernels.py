@@ -150,7 +150,9 @@ KERNELS: dict[str, KernelSpec] = {
     ),
     "argmax": KernelSpec("argmax", ("x_off", "n", "block", "part_off", "n_parts"), (("wg", 0),)),
     "quant_act": KernelSpec(
-        "quant_act", ("x_off", "x_stride", "q_off", "q_stride", "K", "nw_off", "eps:f", "ms_off"), (("wg", 0),)
+        "quant_act",
+        ("x_off", "x_stride", "q_off", "q_stride", "K", "nw_off", "eps:f", "ms_off"),
+        (("wg", 0),),
     ),
 }
 # weight formats with an integer (int8-activation) matvec: shaders/quant_q8.glsl
@@ -308,7 +310,9 @@ class Tuning:
                 f"matmul tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"
             )
         if f.coopmat_f16:
-            errors += _coop_errors(v, f)
+            errors += coop_errors(
+                v["matmul_coop.wg"], v["matmul_coop.wm"], v["matmul_coop.tm"], v["matmul_coop.tn"], f
+            )
         if v["matvec.q8"] and not f.int_dot:
             errors.append("matvec.q8=1 needs shaderIntegerDotProduct (Vulkan 1.3), which this device lacks")
         if not 1 <= v["matvec.q8_rows"] <= 8:
@@ -346,18 +350,19 @@ def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:
     return v["matmul_coop.wm"] * v["matmul_coop.tm"] * 16, wn * v["matmul_coop.tn"] * 16
 
 
-def _coop_errors(v: dict[str, int], f: DeviceFeatures) -> list[str]:
+def coop_errors(wg: int, wm: int, tm: int, tn: int, f: DeviceFeatures) -> list[str]:
+    """Why a cooperative-matrix GEMM tile (``matmul_coop`` wg, wm, tm, tn) cannot run on device ``f``."""
     errors = []
-    subgroups = v["matmul_coop.wg"] // max(f.subgroup_size, 1)
-    if subgroups % v["matmul_coop.wm"]:
-        errors.append(
-            f"matmul_coop.wm={v['matmul_coop.wm']} must divide the {subgroups} subgroups of matmul_coop.wg"
-        )
-    for key in ("matmul_coop.tm", "matmul_coop.tn"):
-        if v[key] > 4:
-            errors.append(f"{key}={v[key]} exceeds 4")
-    bm, bn = coop_tile(v, f.subgroup_size)
-    shared = (bm + bn) * 40 * 2 + bm * (bn + 4) * 4
+    subgroups = wg // max(f.subgroup_size, 1)
+    if wm < 1 or subgroups % wm:
+        errors.append(f"matmul_coop.wm={wm} must divide the {subgroups} subgroups of matmul_coop.wg")
+    for key, val in (("matmul_coop.tm", tm), ("matmul_coop.tn", tn)):
+        if not 1 <= val <= 4:
+            errors.append(f"{key}={val} must be 1..4")
+    if errors:
+        return errors
+    bm, bn = wm * tm * 16, subgroups // wm * tn * 16
+    shared = (bm + bn) * 40 * 2 + subgroups * 256 * 4  # fp16 tiles + a 16x16 fp32 edge tile per subgroup
     if shared > f.max_shared_memory:
         errors.append(
             f"matmul_coop tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"

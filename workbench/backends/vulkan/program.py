@@ -19,6 +19,7 @@ from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
 from .kernels import KERNELS, KV_SEQS, Q8_FORMATS, batch_row_threads, coop_tile
 from .memory import Buffer
+from .tuned import gemm_key, matvec_key
 
 if TYPE_CHECKING:
     from .backend import VulkanBackend
@@ -101,6 +102,10 @@ class Builder:
     groups: list[SeqGroup] = field(default_factory=list)
     # (input, norm weight) -> its int8 blocks (quant_act), reused by the projections that read them
     q8_inputs: dict[tuple[str, str | None], str] = field(default_factory=dict)
+    # per-shape parameters that win over the tuning database (the autotuner's candidates)
+    forced: dict[str, dict[str, int]] = field(default_factory=dict)
+    # every projection built: (shape key, how it was called), for the autotuner
+    shapes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.groups = group_sequences(self.seqs)
@@ -140,6 +145,7 @@ class Builder:
         b, w = self.backend, self.backend.weight(wname)
         t = self.rows(x)
         k = self.widths[x]
+        x0, norm0 = x, norm
         if w.cols != k:
             raise UnsupportedOpError(f"op {op.name}: weight {wname} has {w.cols} columns, input has {k}")
         w2 = b.weight(up) if up else None
@@ -187,6 +193,17 @@ class Builder:
                     rt = b.tuning["matvec.row_threads"]
                 rb = b.tuning["matvec.row_block_tall" if tall else "matvec.row_block_batch"] if t > 1 else 1
             wg = b.tuning["matvec.wg_tall" if tall else "matvec.wg"]
+            variant = "+".join(
+                ["q8" if q8 else "f16" if "F16_MATH" in defines else "f32"]
+                + [v.lower() for v in ("NORM", "GELU_PAIR", "POST_NORM_ADD") if v in defines]
+            )
+            key = matvec_key(w.fmt, variant, w.rows, k, t)
+            if i == 0:
+                self.shapes.append((key, dict(kind="matvec", x=x0, wname=wname, norm=norm0, eps=eps, up=up,
+                                              post=post, tokens=t, cols=k)))  # fmt: skip
+            tuned = self.forced.get(key) or b.tuned.get(key)
+            if tuned:  # found on this device by `workbench tune`
+                wg, rt, rb = tuned["wg"], tuned["row_threads"], tuned["rows"]
             gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
             reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
             reads += [ms_in] if ms_in else []
@@ -200,7 +217,9 @@ class Builder:
         if not self.backend.tuning["matvec.q8"] or k % 32:
             return False
         fmts = [w.defines[0]] + ([w2.defines[0]] if w2 else [])
-        return all(f.removeprefix("FMT_") in Q8_FORMATS for f in fmts) and (w2 is None or w.defines == w2.defines)
+        return all(f.removeprefix("FMT_") in Q8_FORMATS for f in fmts) and (
+            w2 is None or w.defines == w2.defines
+        )
 
     def quantized(self, op: Op, x: str, norm: str | None, eps: float) -> str:
         """``x`` (RMS-normalized by ``norm`` if given) as int8 blocks for the integer matvec: one quant_act
@@ -228,8 +247,16 @@ class Builder:
             raise UnsupportedOpError(f"op {op.name}: the GEMM kernel needs K % 32 == 0 (K = {k})")
         tun = b.tuning
         if b.gemm_kernel == "matmul_coop":
-            bm, bn = coop_tile(tun.values, b.dev.features.subgroup_size)
-            spec = [(4, b.dev.features.subgroup_size)]
+            sg = b.dev.features.subgroup_size
+            bm, bn = coop_tile(tun.values, sg)
+            spec = [(4, sg)]
+            key = gemm_key(w.fmt, w.rows, k)
+            self.shapes.append((key, dict(kind="gemm", x=x, wname=wname, tokens=t, cols=k)))
+            tuned = self.forced.get(key) or b.tuned.get(key)
+            if tuned:  # found on this device by `workbench tune`
+                wg, wm, tm, tn = tuned["wg"], tuned["wm"], tuned["tm"], tuned["tn"]
+                bm, bn = wm * tm * 16, (wg // sg) // wm * tn * 16
+                spec += [(0, wg), (1, wm), (2, tm), (3, tn)]
         else:
             bm = tun["matmul.wg_m"] * tun["matmul.tm"]
             bn = tun["matmul.wg"] // tun["matmul.wg_m"] * tun["matmul.tn"]
@@ -463,7 +490,11 @@ class Builder:
         logits = self.graph.outputs[0]
         if self.greedy:
             self.argmax(logits)
-        offsets, total = self.layout(keep={logits} | self.pinned)
+        return self.finish({logits})
+
+    def finish(self, keep: set[str]) -> tuple[list[Dispatch], dict[str, int], int]:
+        """Lay the arena out (``keep`` live to the end), place barriers and resolve tensor offsets."""
+        offsets, total = self.layout(keep=keep | self.pinned)
         self.place_barriers()
         for d in self.dispatches:
             for key, val in d.push.items():

@@ -1,0 +1,276 @@
+"""On-device search of per-shape kernel parameters (``workbench tune``), in the spirit of tinygrad's BEAM.
+
+For every projection shape of a model's decode step (matvec) and prefill step (cooperative-matrix GEMM),
+the tuner builds a one-op program (the projection repeated ``REPEATS`` times on random inputs), checks each
+candidate's output against numpy on sampled rows *before* timing it, and times the survivors with device
+timestamps. The search starts from the defaults and, round by round, tries every one-parameter move of the
+best few (the beam) until no move wins or the time budget is spent. Winners beating the default go to the
+tuning database (:mod:`.tuned`), which the backend then applies to those shapes. Figures are device time
+(measured), never estimates. See docs/backends/vulkan.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...ops import reference as ref
+from ...ops.graph import Graph, Op, TensorSpec
+from ..base import UnsupportedOpError
+from .program import Builder
+from .recorded import Recorded
+from .tuned import PARAMS, TuningDB, param_errors
+
+REPEATS = 16  # the projection's dispatches per timed program (its quantize pass runs once)
+SAMPLE_ROWS = 256  # rows of the output checked against numpy
+CHOICES = {
+    "wg": (32, 64, 128, 256, 512, 1024),
+    "row_threads": (1, 2, 4, 8, 16, 32, 64, 128, 256),
+    "rows": (1, 2, 4),
+    "wm": (1, 2, 4),
+    "tm": (1, 2, 3, 4),
+    "tn": (1, 2, 3, 4),
+}
+
+
+@dataclass
+class ShapeResult:
+    key: str
+    default: dict[str, int]
+    default_s: float
+    best: dict[str, int]
+    best_s: float
+    tried: int
+    rejected: int  # candidates that failed the numpy check or could not be built
+    weight_bytes: int
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.best_s if self.best_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        gbs = lambda s: round(self.weight_bytes / s / 1e9, 1) if s else None  # noqa: E731
+        return {
+            "key": self.key,
+            "default": self.default,
+            "default_us": round(self.default_s * 1e6, 2),
+            "best": self.best,
+            "best_us": round(self.best_s * 1e6, 2),
+            "speedup": round(self.speedup, 3),
+            "default_weight_gb_s": gbs(self.default_s),
+            "best_weight_gb_s": gbs(self.best_s),
+            "tried": self.tried,
+            "rejected": self.rejected,
+            "timing": "measured (device timestamps)",
+        }
+
+
+@dataclass
+class Tuner:
+    """Searches the shapes of one model on one backend's device."""
+
+    backend: Any  # VulkanBackend (not imported: the backend module imports this one's siblings)
+    beam: int = 3
+    budget_s: float = 600.0
+    log: Callable[[str], None] = print
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+    def shapes(self, prompt_tokens: int) -> dict[str, dict[str, Any]]:
+        """Every projection shape of the decode step (1 token) and of a prefill of ``prompt_tokens``."""
+        b = self.backend
+        found: dict[str, dict[str, Any]] = {}
+        for n in (1, prompt_tokens):
+            graph = b.prepare_graph(b.model.graph(n_tokens=n, n_logits=1))
+            builder = Builder(b, graph, [], greedy=False)
+            for op in graph.ops:
+                if op.kind != "attention":  # attention needs caches; it has no per-shape parameters here
+                    builder.emit(op)
+            for key, call in builder.shapes:
+                if key.split("/", 1)[0] in ("matvec", "matmul_coop") and key not in found:
+                    found[key] = call
+        return found
+
+    # -- one candidate ---------------------------------------------------------------------------
+    def program(self, key: str, call: dict[str, Any], params: dict[str, int] | None):
+        """A program running the shape's projection REPEATS times with ``params`` (None: defaults), its
+        arena offsets, and the input/output tensor names."""
+        b, t, k = self.backend, call["tokens"], call["cols"]
+        w = b.weight(call["wname"])
+        tensors = {"x": TensorSpec((t, k)), "y": TensorSpec((t, w.rows))}
+        if call.get("post"):
+            tensors |= {"res": TensorSpec((t, w.rows)), "out": TensorSpec((t, w.rows))}
+        graph = Graph(b.model.config, t, t, [], tensors, {}, outputs=())
+        builder = Builder(b, graph, [], greedy=False)
+        if params is not None:
+            builder.forced[key] = params
+        op = Op("tune", "matmul", ("x",), ("y",), (call["wname"],))
+        for _ in range(REPEATS):
+            if call["kind"] == "gemm":
+                builder.gemm(op, "x", "y", call["wname"])
+            else:
+                post = call.get("post")
+                if post:
+                    post = (post[0], post[1], "res", "out")
+                builder.projection(op, "x", "y", call["wname"], call.get("norm"), call.get("eps", 0.0),
+                                   call.get("up"), post)  # fmt: skip
+        out = "out" if call.get("post") else "y"
+        dispatches, offsets, total = builder.finish({out, "x"} | ({"res"} if call.get("post") else set()))
+        size = t * w.rows
+        prog = Recorded(b.dev, b.pipes, dispatches, total, b.params, b.smalls, b.dummy, (offsets[out], size),
+                        True, np.zeros(t, np.uint32))  # fmt: skip
+        for name in builder.pinned:
+            b.transfers.upload(prog.arena, np.zeros(builder.sizes[name], np.uint32), 4 * offsets[name])
+        return prog, offsets, out
+
+    def reference(self, call: dict[str, Any], x: np.ndarray, res: np.ndarray | None, rows: np.ndarray):
+        """numpy's output of the projection on ``x`` for the sampled ``rows`` (all rows for the post-norm,
+        whose norm spans the row)."""
+        m = self.backend.model
+        xin = x
+        if call.get("norm"):
+            xin = ref.rmsnorm(x, m.weights[call["norm"]].dequantize(), call["eps"])
+        w = m.weights[call["wname"]]
+        if call.get("post"):
+            y = ref.matmul(xin, w.dequantize())
+            pw, peps = call["post"][0], call["post"][1]
+            return res + ref.rmsnorm(y, m.weights[pw].dequantize(), peps)
+        y = ref.matmul(xin, _rows(w, rows))
+        if call.get("up"):
+            y = ref.gelu_mul(y, ref.matmul(xin, _rows(m.weights[call["up"]], rows)))
+        return y
+
+    def measure(self, key: str, call: dict[str, Any], params: dict[str, int] | None, check: tuple) -> float:
+        """Device seconds of one projection with ``params``; raises ValueError when its output is wrong."""
+        x, res, rows, want, tol = check
+        prog, offsets, _ = self.program(key, call, params)
+        try:
+            tr = self.backend.transfers
+            tr.upload(prog.arena, x, 4 * offsets["x"])
+            if res is not None:
+                tr.upload(prog.arena, res, 4 * offsets["res"])
+            t = call["tokens"]
+            zeros = np.zeros(t, np.int64)
+            prog.run(zeros, zeros, np.zeros(1, np.int64))
+            got = prog.readback.view(np.float32).reshape(t, -1)
+            got = got if call.get("post") else got[:, rows]
+            err = float(np.abs(got - want).max())
+            if not np.isfinite(err) or err > tol:
+                raise ValueError(f"output differs from numpy by {err:.3g} (tolerance {tol:.3g})")
+            times = []
+            for _ in range(5):
+                prog.run(zeros, zeros, np.zeros(1, np.int64))
+                times.append(prog.step_seconds())
+            return float(np.median(times)) / REPEATS
+        finally:
+            prog.destroy()
+
+    def check_data(self, key: str, call: dict[str, Any]) -> tuple:
+        """Random inputs, the sampled rows and numpy's answer for them, and the tolerance."""
+        b, t, k = self.backend, call["tokens"], call["cols"]
+        w = b.weight(call["wname"])
+        x = self.rng.standard_normal((t, k)).astype(np.float32)
+        res = self.rng.standard_normal((t, w.rows)).astype(np.float32) if call.get("post") else None
+        n = min(SAMPLE_ROWS, w.rows)
+        rows = np.unique(np.concatenate([[0, w.rows - 1], self.rng.choice(w.rows, n, replace=False)]))
+        want = self.reference(call, x, res, rows)
+        low_precision = "/q8" in key or "/f16" in key or call["kind"] == "gemm"  # int8 or fp16 inputs
+        rel = 3e-2 if low_precision else 1e-3
+        return x, res, rows, want, rel * float(np.abs(want).max()) + 1e-5
+
+    # -- the search -------------------------------------------------------------------------------
+    def tune_shape(self, key: str, call: dict[str, Any], deadline: float) -> ShapeResult:
+        kernel = key.split("/", 1)[0]
+        default = self.defaults(key, call)
+        check = self.check_data(key, call)
+        default_s = self.measure(key, call, None, check)
+        seen = {_frozen(default): default_s}
+        beam = [(default_s, default)]
+        rejected = 0
+        while time.monotonic() < deadline:
+            improved = False
+            for _, params in list(beam):
+                for cand in neighbours(kernel, params):
+                    fz = _frozen(cand)
+                    if fz in seen or param_errors(kernel, cand, self.backend.dev.features):
+                        continue
+                    if time.monotonic() >= deadline:
+                        break
+                    try:
+                        seen[fz] = self.measure(key, call, cand, check)
+                    except (ValueError, UnsupportedOpError, RuntimeError) as e:
+                        seen[fz] = float("inf")
+                        rejected += 1
+                        self.log(f"  rejected {cand}: {e}")
+                        continue
+                    if seen[fz] < beam[-1][0] or len(beam) < self.beam:
+                        improved = True
+                        beam = sorted([*beam, (seen[fz], cand)], key=lambda p: p[0])[: self.beam]
+            if not improved:
+                break
+        best_s, best = beam[0]
+        w = self.backend.weight(call["wname"])
+        nbytes = w.nbytes * (2 if call.get("up") else 1)
+        return ShapeResult(key, default, default_s, best, best_s, len(seen), rejected, nbytes)
+
+    def defaults(self, key: str, call: dict[str, Any]) -> dict[str, int]:
+        """The parameters the backend uses for this shape without a database entry."""
+        v = self.backend.tuning.values
+        if call["kind"] == "gemm":
+            return {"wg": v["matmul_coop.wg"], "wm": v["matmul_coop.wm"], "tm": v["matmul_coop.tm"],
+                    "tn": v["matmul_coop.tn"]}  # fmt: skip
+        prog, _, _ = self.program(key, call, None)
+        try:
+            spec = dict(next(d.spec for d in prog.dispatches if d.kernel == "matvec"))
+        finally:
+            prog.destroy()
+        return {"wg": spec[0], "row_threads": spec[1], "rows": spec[4]}
+
+    def run(self, prompt_tokens: int = 512, db: TuningDB | None = None) -> list[ShapeResult]:
+        db = db or TuningDB.load()
+        start = time.monotonic()
+        shapes = self.shapes(prompt_tokens)
+        self.log(
+            f"tune: {len(shapes)} shapes on {self.backend.dev.features.name}, budget {self.budget_s:.0f} s"
+        )
+        results = []
+        for i, (key, call) in enumerate(shapes.items()):
+            left = self.budget_s - (time.monotonic() - start)
+            if left <= 0:
+                self.log(f"tune: budget spent; {len(shapes) - i} shapes left at their defaults")
+                break
+            deadline = time.monotonic() + left / (len(shapes) - i)  # an equal share of what is left
+            r = self.tune_shape(key, call, deadline)
+            results.append(r)
+            self.log(
+                f"[{i + 1}/{len(shapes)}] {key}: {r.default_s * 1e6:.1f} -> {r.best_s * 1e6:.1f} us "
+                f"({r.speedup:.2f}x, {r.tried} tried) {r.best}"
+            )
+            if r.best != r.default and r.best_s < r.default_s:
+                db.put(self.backend.dev.features, key, r.best, {"us": round(r.best_s * 1e6, 3),
+                       "default_us": round(r.default_s * 1e6, 3)})  # fmt: skip
+                db.save()  # after every shape: an interrupted tune keeps what it found
+        return results
+
+
+def neighbours(kernel: str, params: dict[str, int]) -> Iterator[dict[str, int]]:
+    """Every candidate one step away in one parameter (the next larger or smaller choice)."""
+    for name in PARAMS[kernel]:
+        opts = CHOICES[name]
+        cur = params[name]
+        i = opts.index(cur) if cur in opts else min(range(len(opts)), key=lambda j: abs(opts[j] - cur))
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(opts) and opts[j] != cur:
+                yield {**params, name: opts[j]}
+
+
+def _frozen(p: dict[str, int]) -> tuple:
+    return tuple(sorted(p.items()))
+
+
+def _rows(w, rows: np.ndarray) -> np.ndarray:
+    fn = getattr(w, "dequantize_rows", None)
+    return fn(rows) if fn is not None else w.dequantize()[rows]
