@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-budget-mib", type=positive_int, default=None,
                    help="KV cache budget for running requests (default: 8 sequences of the full context)")  # fmt: skip
     p.add_argument("--max-queue", type=non_negative_int, default=256, help="waiting requests before 429")
+    p.add_argument("--max-waiting-kv-mib", type=positive_int, default=None,
+                   help="KV cache the waiting requests may need at full length before 429 (default: the KV "
+                   "budget; a request alone in the queue is always accepted)")  # fmt: skip
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(handler=run)
 
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .. import Engine, load
-    from ..runtime.scheduler import Scheduler
+    from ..runtime.scheduler import Scheduler, default_kv_budget
     from ..serve import create_app
 
     if args.max_step_tokens < args.max_batch:
@@ -53,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
         )
     model = load(args.model)
     engine = Engine(model, args.backend, max_context=args.max_context, threads=args.threads, tune=args.tune)
-    budget = args.kv_budget_mib << 20 if args.kv_budget_mib else None
+    budget = args.kv_budget_mib << 20 if args.kv_budget_mib else default_kv_budget(engine)
+    waiting = args.max_waiting_kv_mib << 20 if args.max_waiting_kv_mib else budget
     scheduler = Scheduler(engine, max_batch=args.max_batch, max_step_tokens=args.max_step_tokens,
-                          kv_budget_bytes=budget, max_queue=args.max_queue)  # fmt: skip
+                          kv_budget_bytes=budget, max_queue=args.max_queue, max_waiting_kv_bytes=waiting)  # fmt: skip
     model_id = args.model_id or model.name
     app = create_app(scheduler, model_id, api_key=args.api_key)
     dev = engine.backend.device

@@ -2,7 +2,9 @@
 
 The scheduler steps in its own thread; each request's tokens reach its handler through an asyncio queue.
 A client that disconnects (mid-stream or while waiting for a full answer) cancels its request, and its
-sequence is freed before the next step. Errors use OpenAI's ``{"error": {...}}`` body.
+sequence is freed before the next step. Errors use OpenAI's ``{"error": {...}}`` body, unexpected ones
+included (500). ``/health`` says ``ok``, ``degraded`` (requests failed by errors lately; still serving) or
+``down`` (the scheduler thread is gone: 503, and so are new requests).
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ class Server:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the scheduler thread runs (requests would wait forever without it)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """HTTP status and body of ``/health``: ok, degraded (recent request errors), down (no scheduler)."""
+        h = self.scheduler.health()
+        status = "down" if not self.alive else "degraded" if h["errors_recent"] else "ok"
+        dev = self.engine.backend.device
+        body = {"status": status, "model": self.model_id, "backend": self.engine.backend.name,
+                "device": dev.label(), **self.scheduler.snapshot(), **h}  # fmt: skip
+        return (503 if status == "down" else 200), body
+
     # -- request handling ----------------------------------------------------------------------------
     def check_auth(self, request: HttpRequest) -> None:
         if self.api_key is None:
@@ -96,12 +112,14 @@ class Server:
             loop.call_soon_threadsafe(queue.put_nowait, (token, text))
 
         req = Request(ids, job.max_tokens, job.sampling, self.tokenizer.stop_ids, on_update)
+        if not self.alive:
+            raise P.ApiError(503, "the scheduler is not running; see /health", kind="server_error")
         try:
             self.scheduler.submit(req)
         except QueueFullError as e:
             retry = f"{max(1, round(e.retry_after_s))}"
             raise P.ApiError(429, f"server busy: {e}; retry after {retry} s", kind="rate_limit_error",
-                             code="queue_full", headers={"Retry-After": retry}) from None  # fmt: skip
+                             code=e.code, headers={"Retry-After": retry}) from None  # fmt: skip
         except ValueError as e:
             raise P.ApiError(400, str(e), "max_tokens" if "max_tokens" in str(e) else "prompt") from None
         rid = P.new_id(job.kind)
@@ -196,6 +214,11 @@ def create_app(
     async def api_error(request: HttpRequest, e: P.ApiError):
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: HttpRequest, e: Exception):  # the server logs it (re-raised)
+        err = P.ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
     @app.middleware("http")
     async def count(request: HttpRequest, call_next):
         response = await call_next(request)
@@ -204,9 +227,8 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        dev = server.engine.backend.device
-        return {"status": "ok", "model": model_id, "backend": server.engine.backend.name, "device": dev.label(),
-                **server.scheduler.snapshot()}  # fmt: skip
+        status, body = server.health()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def metrics():

@@ -43,11 +43,11 @@ def render(scheduler: Scheduler, responses: Counter[tuple[str, int]], device: st
     )
     metric("generated_tokens_total", "counter", "tokens generated", [("", s.generated_tokens)])
     metric("prompt_tokens_total", "counter", "prompt tokens admitted", [("", s.prompt_tokens)])
-    metric(
-        "requests_finished_total", "counter", "requests finished (any reason)", [("", s.requests_finished)]
-    )
-    metric("requests_rejected_total", "counter", "requests refused with 429 (queue full)",
+    metric("requests_finished_total", "counter", "requests finished, by reason (stop, length, cancelled, error)",
+           [(f'{{reason="{k}"}}', v) for k, v in sorted(s.finish_reasons.items())])  # fmt: skip
+    metric("requests_rejected_total", "counter", "requests refused with 429 (queue or its KV budget full)",
            [("", s.requests_rejected)])  # fmt: skip
+    metric("step_errors_total", "counter", "batched steps that raised", [("", s.step_errors)])
     metric("preemptions_total", "counter", "running requests evicted for KV room (recomputed later)",
            [("", s.preemptions)])  # fmt: skip
     metric("steps_total", "counter", "batched forward steps", [("", s.steps)])

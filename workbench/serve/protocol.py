@@ -15,6 +15,10 @@ from typing import Any
 from ..runtime.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4
+# OpenAI fields this server does not implement, and the values that ask for nothing (accepted)
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {"logprobs": (False,), "top_logprobs": (0,), "tools": ([],),
+                                            "functions": ([],), "suffix": ("",), "logit_bias": ({},),
+                                            "echo": (False,)}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -45,10 +49,15 @@ class Job:
     stop: list[str]
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; Python's extensions NaN and Infinity are refused (not JSON)."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -78,17 +87,38 @@ def _int(body: dict, name: str, lo: int) -> int | None:
     return v
 
 
+def _flag(body: dict, name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise ApiError(400, f"{name} must be true or false, got {v!r}", name)
+    return v
+
+
+def _unsupported(body: dict) -> None:
+    """OpenAI fields this server does not implement: refused unless absent or set to their no-op value,
+    so that a client never silently gets something other than what it asked for."""
+    for name, no_op in NO_OP_VALUES.items():
+        v = body.get(name)
+        if v is not None and not any(type(v) is type(n) and v == n for n in no_op):
+            raise ApiError(400, f"{name} is not supported by this server", name)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
+            raise ApiError(400, f"{name} is not supported by this server (use repetition_penalty)", name)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError(400, f"user must be a string, got {user!r}", "user")
+
+
 def _common(body: dict, kind: str) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required (a string; see GET /v1/models)", "model")
-    if body.get("n", 1) != 1:
-        raise ApiError(400, "only n=1 is supported", "n")
-    for unsupported in ("logprobs", "top_logprobs", "tools", "functions", "suffix"):
-        if body.get(unsupported) not in (None, False):
-            raise ApiError(400, f"{unsupported} is not supported by this server", unsupported)
-    if body.get("best_of", 1) != 1:
-        raise ApiError(400, "only best_of=1 is supported", "best_of")
+    for name in ("n", "best_of"):
+        if _int(body, name, 1) not in (None, 1):
+            raise ApiError(400, f"only {name}=1 is supported", name)
+    _unsupported(body)
     max_tokens = _int(body, "max_completion_tokens", 1) if kind == "chat" else None
     max_tokens = max_tokens or _int(body, "max_tokens", 1)
     seed = body.get("seed")
@@ -111,14 +141,17 @@ def _common(body: dict, kind: str) -> dict[str, Any]:
         raise ApiError(400, "stop must be a non-empty string or a list of them", "stop")
     if len(stops) > MAX_STOP_STRINGS:
         raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", "stop")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream must be true or false", "stream")
-    opts = body.get("stream_options") or {}
+    stream = _flag(body, "stream")
+    opts = body.get("stream_options")
+    opts = {} if opts is None else opts
     if not isinstance(opts, dict):
-        raise ApiError(400, "stream_options must be an object", "stream_options")
+        raise ApiError(400, f"stream_options must be an object, got {opts!r}", "stream_options")
+    try:
+        include_usage = _flag(opts, "include_usage")
+    except ApiError as e:
+        raise ApiError(400, f"stream_options.{e.message}", "stream_options") from None
     return {"model": model, "max_tokens": max_tokens, "sampling": sampling, "stream": stream,
-            "include_usage": bool(opts.get("include_usage")), "stop": stops}  # fmt: skip
+            "include_usage": include_usage, "stop": stops}  # fmt: skip
 
 
 def parse_completion(body: dict[str, Any]) -> Job:
