@@ -13,6 +13,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 os.environ.setdefault("WORKBENCH_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "workbench"))
 # run records written by tests go to a throwaway folder, not the checkout's experiments/
 os.environ["WORKBENCH_EXPERIMENTS"] = tempfile.mkdtemp(prefix="workbench-test-experiments-")
+# kernel parameters tuned on this machine by `workbench tune` must not change what the tests run
+os.environ["WORKBENCH_TUNING_DB"] = str(Path(os.environ["WORKBENCH_EXPERIMENTS"]) / "tuning.json")
 
 import workbench  # noqa: E402, F401  (before any test module imports numpy: see workbench.blas_env)
 
