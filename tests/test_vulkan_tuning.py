@@ -1,0 +1,190 @@
+"""The Vulkan backend's integer decode matvec (int8 activations, ``matvec.q8``) and its per-shape tuning:
+each weight format and fused variant against numpy on the same int8-rounded activations (so the kernel's
+arithmetic is checked exactly, not within quantization noise), the tuning database's rules (other driver,
+invalid entries), and ``workbench tune`` end to end on a tiny model. Lavapipe runs all of it (with the
+validation layer); it has no cooperative matrices, so GEMM tiles are tuned only on GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from test_vulkan import REASON, SMALL, TOKENS, compare, vulkan_engine
+from tiny import write_tiny_gguf
+
+import workbench as wb
+from workbench.models.synth import write_synthetic
+
+pytestmark = pytest.mark.skipif(bool(REASON), reason=f"VULKAN TESTS SKIPPED: {REASON}")
+
+# 512 columns: two Q4_K / Q6_K superblocks a row (one superblock hides unit-indexing errors)
+WIDE = dataclasses.replace(SMALL, name="wide", hidden=512, ffn=768, n_heads=4, head_dim=128)
+
+
+def q8_blocks(x: np.ndarray) -> np.ndarray:
+    """x as the integer matvec sees it: per 32 values, d = max|x| / 127 and round(x / d) * d (ties to even)."""
+    b = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    scale = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.clip(np.round(b * scale), -127, 127)
+    return (q * (amax / np.float32(127))).astype(np.float32).reshape(x.shape)
+
+
+def one_projection(engine, call: dict, tokens: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(device output, numpy output on int8-rounded inputs) of one projection on random inputs."""
+    from workbench.backends.vulkan.autotune import Tuner
+    from workbench.ops import reference as ref
+
+    b, m = engine.backend, engine.model
+    tuner = Tuner(b, log=lambda s: None)
+    call = {"eps": 1e-6, "kind": "matvec", **call, "tokens": tokens}
+    w = m.weights[call["wname"]]
+    call["cols"] = w.shape[1]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((tokens, w.shape[1])).astype(np.float32) * 3
+    res = rng.standard_normal((tokens, w.shape[0])).astype(np.float32) if call.get("post") else None
+    prog, offsets, _ = tuner.program("test", call, None)
+    try:
+        b.transfers.upload(prog.arena, x, 4 * offsets["x"])
+        if res is not None:
+            b.transfers.upload(prog.arena, res, 4 * offsets["res"])
+        zeros = np.zeros(tokens, np.int64)
+        prog.run(zeros, zeros, np.zeros(1, np.int64))
+        got = prog.readback.view(np.float32).reshape(tokens, -1).copy()
+        assert any("Q8_ACT" in d.defines for d in prog.dispatches)
+    finally:
+        prog.destroy()
+    xin = ref.rmsnorm(x, m.weights[call["norm"]].dequantize(), call["eps"]) if call.get("norm") else x
+    y = ref.matmul(q8_blocks(xin), w.dequantize())
+    if call.get("up"):
+        y = ref.gelu_mul(y, ref.matmul(q8_blocks(xin), m.weights[call["up"]].dequantize()))
+    if call.get("post"):
+        y = res + ref.rmsnorm(y, m.weights[call["post"][0]].dequantize(), call["post"][1])
+    b.dev.check_validation()
+    return got, y
+
+
+@pytest.fixture(scope="module")
+def wide_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("q8")
+    return {q: wb.load(str(write_synthetic(WIDE, q, d / f"{q}.gguf", progress=False))) for q in
+            ("q8_0", "q5_0", "q6_k", "q4_k_m")}  # fmt: skip
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q5_0", "q6_k", "q4_k_m"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_integer_matvec_is_exact_on_int8_activations(wide_models, quant, tokens):
+    """Every fused variant (plain, input norm, gate/up + GELU, post-norm + residual) of each GGUF format."""
+    model = wide_models[quant]
+    ev = vulkan_engine(model, tune="matvec.q8=1")
+    calls = [
+        {"wname": "blk.0.attn_q.weight"},
+        {"wname": "blk.0.attn_k.weight", "norm": "blk.0.attn_norm.weight"},
+        {"wname": "blk.0.ffn_gate.weight", "norm": "blk.0.ffn_norm.weight", "up": "blk.0.ffn_up.weight"},
+        {"wname": "blk.0.ffn_down.weight", "post": ("blk.0.post_ffw_norm.weight", 1e-6)},
+        {"wname": "blk.1.ffn_down.weight"},  # Q6_K in q4_k_m
+    ]
+    for call in calls:
+        got, want = one_projection(ev, call, tokens)
+        tol = 1e-4 * float(np.abs(want).max())
+        err = float(np.abs(got - want).max())
+        assert err <= tol, f"{quant} {call['wname']}: max diff {err:.3g} > {tol:.3g}"
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4-g32", "int4-g64-asym", "int4-g128"])
+def test_integer_matvec_requantized_formats(wide_models, spec):
+    from workbench.quant.requant import requantize
+
+    model = requantize(wide_models["q8_0"], spec, progress=False)
+    ev = vulkan_engine(model, tune="matvec.q8=1")
+    for call in ({"wname": "blk.0.attn_q.weight"}, {"wname": "blk.0.ffn_down.weight"}):
+        got, want = one_projection(ev, call, 2)
+        assert np.abs(got - want).max() <= 1e-4 * float(np.abs(want).max())
+
+
+def test_integer_matvec_model_logits_and_default(wide_models):
+    """A whole model on int8 activations stays near the float reference; the switch shows in the device
+    details, and the default follows the device (on where 4x8-bit dot products are accelerated)."""
+    ev = compare(wide_models["q4_k_m"], TOKENS[:6], decode=3, rel=8e-2, tune="matvec.q8=1")
+    assert ev.backend.device.details["integer_matvec"] is True
+    feats = ev.backend.dev.features
+    assert vulkan_engine(wide_models["q8_0"]).backend.tuning["matvec.q8"] == int(feats.int_dot_fast)
+
+
+@pytest.mark.slow
+def test_default_model_greedy_tokens_on_int8_activations(default_model, numpy_engine):
+    prompt = "The capital of France is"
+    want = numpy_engine.generate(prompt, max_tokens=6).output_ids
+    got = vulkan_engine(default_model, tune="matvec.q8=1").generate(prompt, max_tokens=6).output_ids
+    assert got == want
+
+
+# -- tuning database and the tuner --------------------------------------------------------------------
+@pytest.fixture
+def tiny_q4(tmp_path):
+    return wb.load(str(write_synthetic(WIDE, "q4_k_m", tmp_path / "q4.gguf", progress=False)))
+
+
+def test_tune_stores_checked_winners_that_the_backend_uses(tiny_q4, tmp_path, monkeypatch):
+    from workbench.cli import main
+
+    db = tmp_path / "db.json"
+    monkeypatch.setenv("WORKBENCH_TUNING_DB", str(db))
+    assert (
+        main(["tune", "--model", tiny_q4.source, "--budget", "20", "--beam", "2", "-p", "9", "--json"]) == 0
+    )
+    entries = json.loads(db.read_text())["entries"]
+    ev = compare(tiny_q4, TOKENS[:9], decode=2)
+    used = ev.backend.device.details["tuned_shapes"]
+    assert used["entries"] == len(entries) and used["used"] == len(entries)
+    for e in entries:
+        assert e["us"] < e["default_us"] and e["driver"] == str(ev.backend.dev.features.driver_version)
+
+
+def test_tuner_rejects_a_candidate_whose_output_is_wrong(tiny_q4):
+    from workbench.backends.vulkan.autotune import Tuner
+
+    ev = vulkan_engine(tiny_q4)
+    tuner = Tuner(ev.backend, log=lambda s: None)
+    key, call = next(iter(tuner.shapes(9).items()))
+    x, res, rows, want, tol = tuner.check_data(key, call)
+    assert tuner.measure(key, call, None, (x, res, rows, want, tol)) > 0
+    with pytest.raises(ValueError, match="differs from numpy"):
+        tuner.measure(key, call, None, (x, res, rows, want + 10 * tol + 1, tol))
+
+
+def test_database_entries_of_another_driver_or_invalid_are_reported_not_applied(
+    tiny_q4, tmp_path, monkeypatch
+):
+    from workbench.backends.vulkan.autotune import Tuner
+
+    ev = vulkan_engine(tiny_q4)
+    f = ev.backend.dev.features
+    key = next(k for k in Tuner(ev.backend, log=lambda s: None).shapes(9) if k.startswith("matvec"))
+    entries = [
+        {"device": f.name, "driver": "other", "key": key, "params": {"wg": 64, "row_threads": 8, "rows": 1}},
+        {"device": f.name, "driver": str(f.driver_version), "key": key, "params": {"wg": 96, "row_threads": 3, "rows": 1}},
+        {"device": "another GPU", "driver": "1", "key": key, "params": {"wg": 64, "row_threads": 8, "rows": 1}},
+    ]  # fmt: skip
+    db = tmp_path / "db.json"
+    db.write_text(json.dumps({"version": 1, "entries": entries}))
+    monkeypatch.setenv("WORKBENCH_TUNING_DB", str(db))
+    ev = compare(tiny_q4, TOKENS[:4], decode=1)
+    info = ev.backend.device.details["tuned_shapes"]
+    assert info["entries"] == 0 and info["ignored_other_driver"] == 1 and info["ignored_invalid"] == 1
+    assert "row_threads=3" in info["invalid"][0]
+    db.write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable"):
+        vulkan_engine(tiny_q4)
+    assert compare(tiny_q4, TOKENS[:4], decode=1, tune="tuned=0")
+
+
+def test_tune_rejects_bad_arguments(tmp_path):
+    from workbench.cli import main
+
+    model = str(write_tiny_gguf(tmp_path / "t.gguf"))
+    assert main(["tune", "--model", model, "--backend", "cpu"]) == 1
+    assert main(["tune", "--model", model, "--budget", "0"]) == 1
