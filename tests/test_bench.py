@@ -344,3 +344,24 @@ def test_vs_llama_server_vulkan_at_depth(tiny_gguf):
     done, total = e["layers_offloaded"].split("/")
     assert done == total and int(total) > 0
     assert out["depth"] == 16 and "prompt_ms" in t["how"]
+
+
+@needs_vulkan
+def test_llama_server_that_fails_to_start_is_reported_with_its_log(tiny_gguf, tmp_path):
+    from workbench.backends.vulkan.device import list_devices, select_device
+
+    ours = select_device(list_devices(), None).name
+    fake = tmp_path / "llama-server"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "--list-devices" ]; then printf "Available devices:\\n  Vulkan0: {ours} (64 MiB, 64 MiB free)\\n"; exit 0; fi\n'
+        'echo "simulated: failed to load model $2" >&2; exit 3\n'
+    )
+    fake.chmod(0o755)
+    p = run(
+        "bench", "-m", str(tiny_gguf), "--backend", "vulkan", "-p", "4", "-g", "1", "-r", "1", "--no-profile",
+        "--vs", "llama.cpp", "--llama-cpp", str(tmp_path), check=False,
+    )  # fmt: skip
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "llama-server exited with code 3 while starting" in p.stderr
+    assert f"simulated: failed to load model {tiny_gguf}" in p.stderr
