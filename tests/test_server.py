@@ -4,50 +4,21 @@ disconnects, back pressure, metrics, and a bounded load test (tiny model, a few 
 from __future__ import annotations
 
 import json
-import socket
 import threading
-import time
-from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
-import uvicorn
+from server_helpers import MODEL_ID, client, running, wait_idle
 from tiny import write_tiny_gguf
 
 import workbench as wb
-from workbench.runtime.scheduler import Scheduler
-from workbench.serve import create_app
 from workbench.serve.loadtest import run_load
-
-MODEL_ID = "tiny-test"
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     return wb.load(write_tiny_gguf(tmp_path_factory.mktemp("t") / "tiny.gguf"))
-
-
-@contextmanager
-def running(engine, api_key=None, **sched):
-    """A server on a free loopback port in a thread; yields (base_url, scheduler)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    scheduler = Scheduler(engine, **sched)
-    config = uvicorn.Config(create_app(scheduler, MODEL_ID, api_key=api_key), log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.02)
-    assert server.started, "server did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", scheduler
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +30,6 @@ def engine(tiny_model):
 def server(engine):
     with running(engine, max_batch=8, max_queue=64) as (url, sched):
         yield url, sched
-
-
-def client(url, key="none"):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
-
-
-def wait_idle(sched, timeout=10.0):
-    deadline = time.time() + timeout
-    while sched.has_work() and time.time() < deadline:
-        time.sleep(0.02)
-    return not sched.has_work()
 
 
 def test_openai_client_completions_and_chat(server, engine):

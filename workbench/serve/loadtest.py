@@ -1,13 +1,16 @@
 """Load test of a running server with the official ``openai`` client: concurrent streaming clients for a
 while; counts errors, checks every stream against the same request run alone, samples the server's RSS.
+With ``kill_every_s`` one client is killed mid-stream that often (its connection reset, see
+:mod:`workbench.serve.killed_client`) and replaced; the other streams must not notice.
 
-``python -m workbench.serve.loadtest --url http://127.0.0.1:8006/v1 --clients 32 --seconds 120``
+``python -m workbench.serve.loadtest --url http://127.0.0.1:8006/v1 --clients 32 --seconds 120 [--kill-every 3]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import sys
 import threading
@@ -17,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+
+from .killed_client import stream_then_reset
 
 DEFAULT_PROMPTS = (
     "The capital of France is",
@@ -69,11 +74,17 @@ def run_load(
     api_key: str | None = None,
     rss_every_s: float = 5.0,
     timeout_s: float = 600.0,
+    kill_every_s: float | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """``clients`` threads stream completions of ``prompts`` (each client cycles through them) until
-    ``seconds`` have passed; the reference text of each prompt is first fetched alone (one request at a time)."""
-    if clients < 1 or seconds <= 0 or not prompts:
-        raise ValueError("need clients >= 1, seconds > 0 and at least one prompt")
+    ``seconds`` have passed; the reference text of each prompt is first fetched alone (one request at a time).
+
+    With ``kill_every_s``, every that many seconds the next client to start a request is killed instead: it
+    streams a longer completion and resets its connection after 2-4 events (``seed`` picks how many), then
+    a new client takes its place. Errors and mismatches count the other clients' requests only."""
+    if clients < 1 or seconds <= 0 or not prompts or (kill_every_s is not None and kill_every_s <= 0):
+        raise ValueError("need clients >= 1, seconds > 0, kill_every_s > 0 and at least one prompt")
     ref_client = _client(base_url, api_key, timeout_s)
     alone = {p: stream_text(ref_client, model, p, max_tokens)[0] for p in dict.fromkeys(prompts)}
     lock = threading.Lock()
@@ -81,7 +92,29 @@ def run_load(
     errors: list[str] = []
     mismatches: list[dict[str, str]] = []
     latencies: list[float] = []
+    kill_failures: list[str] = []
+    rng = random.Random(seed)
     stop_at = time.perf_counter() + seconds
+    next_kill = [time.perf_counter() + kill_every_s if kill_every_s else float("inf")]
+
+    def kill_due() -> bool:
+        with lock:
+            if time.perf_counter() < next_kill[0]:
+                return False
+            next_kill[0] += kill_every_s
+            return True
+
+    def killed_client(prompt: str) -> None:
+        with lock:
+            events = rng.randint(2, 4)
+        try:
+            stream_then_reset(base_url, model, prompt, max(4 * max_tokens, 32), events, api_key, timeout_s)
+        except Exception as e:  # a kill that never reached the stream is reported, not silently skipped
+            with lock:
+                kill_failures.append(f"{type(e).__name__}: {e}")
+            return
+        with lock:
+            done["killed"] += 1
 
     def client_loop(i: int) -> None:
         client = _client(base_url, api_key, timeout_s)
@@ -89,6 +122,10 @@ def run_load(
         while j == 0 or time.perf_counter() < stop_at:  # every client sends at least one request
             prompt = prompts[(i + j) % len(prompts)]
             j += 1
+            if kill_due():
+                killed_client(prompt)
+                client = _client(base_url, api_key, timeout_s)  # the client that replaces the killed one
+                continue
             t0 = time.perf_counter()
             try:
                 text, _ = stream_text(client, model, prompt, max_tokens)
@@ -125,6 +162,9 @@ def run_load(
         "error_samples": errors[:10],
         "mismatches": len(mismatches),
         "mismatch_samples": mismatches[:5],
+        "killed": done["killed"],
+        "kill_failures": len(kill_failures),
+        "kill_failure_samples": kill_failures[:5],
         "requests_per_s": done["requests"] / wall,
         "latency_p50_s": lat[len(lat) // 2] if lat else None,
         "latency_max_s": lat[-1] if lat else None,
@@ -143,13 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--kill-every", type=float, default=None, metavar="SECONDS",
+                   help="kill one client mid-stream this often (its connection reset), replaced by a new one")  # fmt: skip
     args = p.parse_args(argv)
     model = args.model or _client(args.url, args.api_key, 30).models.list().data[0].id
     res = run_load(args.url, model, clients=args.clients, seconds=args.seconds, max_tokens=args.max_tokens,
-                   api_key=args.api_key)  # fmt: skip
+                   api_key=args.api_key, kill_every_s=args.kill_every)  # fmt: skip
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
-    return 0 if res["errors"] == 0 and res["mismatches"] == 0 else 1
+    return 0 if res["errors"] == res["mismatches"] == res["kill_failures"] == 0 else 1
 
 
 if __name__ == "__main__":
