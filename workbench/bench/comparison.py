@@ -74,7 +74,7 @@ def compare(
     t["peak_rss_bytes"] = theirs.peak_rss_bytes()
     t["version"] = theirs.version
     t["engine"] = theirs.describe()
-    t["how"] = f"{t['engine']['how']} (device: {t['engine']['device']})"
+    t["how"] = f"{t['engine']['how']}; device {t['engine']['device']}"
     if not any(r.decode_latencies_s for r in runs):
         t["decode_latency_s"] = None
     pr = ratio_ci(ours["samples"]["prefill_tok_s"], t["samples"]["prefill_tok_s"])

@@ -118,9 +118,11 @@ def run(args: argparse.Namespace) -> int:
             f"tok/s, decode {t['decode_tok_s']['median']:.1f} tok/s"
         )
         print(f"    ({t['how']})")
+        pl, ph = v["prefill_ratio_ci"]
+        dl, dh = v["decode_ratio_ci"]
         print(
-            f"  ratio ours/llama.cpp     prefill {v['prefill_ratio']:.3f} {v['prefill_ratio_ci']}, "
-            f"decode {v['decode_ratio']:.3f} {v['decode_ratio_ci']}"
+            f"  ratio ours/llama.cpp     prefill {v['prefill_ratio']:.3f} [{pl:.3f}, {ph:.3f}], "
+            f"decode {v['decode_ratio']:.3f} [{dl:.3f}, {dh:.3f}] (median ratio, 95% CI)"
         )
     prof = res.get("profile") or {}
     if prof:
