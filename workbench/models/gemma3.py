@@ -35,6 +35,25 @@ def required_weights(config: ModelConfig) -> list[str]:
     return names
 
 
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Numpy-order shape of every weight the model needs (GGUF names)."""
+    c = config
+    shapes = {
+        "token_embd": (c.vocab_size, c.hidden),
+        "attn_q": (c.q_dim, c.hidden),
+        "attn_k": (c.kv_dim, c.hidden),
+        "attn_v": (c.kv_dim, c.hidden),
+        "attn_output": (c.hidden, c.q_dim),
+        "ffn_gate": (c.ffn, c.hidden),
+        "ffn_up": (c.ffn, c.hidden),
+        "ffn_down": (c.hidden, c.ffn),
+        "attn_q_norm": (c.head_dim,),
+        "attn_k_norm": (c.head_dim,),
+        "output": (c.vocab_size, c.hidden),
+    }
+    return {n: shapes.get(n.split(".")[-2], (c.hidden,)) for n in required_weights(config)}
+
+
 def build_graph(
     config: ModelConfig, weights: Mapping[str, WeightSpec], n_tokens: int, n_logits: int
 ) -> Graph:

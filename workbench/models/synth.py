@@ -8,6 +8,7 @@ token match a real quantized file.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,9 +16,11 @@ import numpy as np
 
 from ..paths import cache_dir
 from ..quant.formats import FORMATS, QK_K, GGMLType
-from .config import ModelConfig, preset
-from .gemma3 import required_weights
+from .config import ModelConfig, UnsupportedModelError, preset
+from .gemma3 import required_weights, weight_shapes
+from .gguf import GGUFFile
 from .gguf_writer import TensorSource, VocabSpec, write_gguf
+from .vocab import fit_vocab, generated_vocab, read_vocab_file, vocab_from_gguf, write_vocab_file
 
 QUANTS = ("f32", "f16", "q8_0", "q5_0", "q4_0", "q6_k", "q4_k_m")
 _FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
@@ -66,24 +69,6 @@ def quant_plan(config: ModelConfig, quant: str) -> dict[str, GGMLType]:
     return plan
 
 
-def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    c = config
-    shapes = {
-        "token_embd": (c.vocab_size, c.hidden),
-        "attn_q": (c.q_dim, c.hidden),
-        "attn_k": (c.kv_dim, c.hidden),
-        "attn_v": (c.kv_dim, c.hidden),
-        "attn_output": (c.hidden, c.q_dim),
-        "ffn_gate": (c.ffn, c.hidden),
-        "ffn_up": (c.ffn, c.hidden),
-        "ffn_down": (c.hidden, c.ffn),
-        "attn_q_norm": (c.head_dim,),
-        "attn_k_norm": (c.head_dim,),
-        "output": (c.vocab_size, c.hidden),
-    }
-    return {n: shapes.get(n.split(".")[-2], (c.hidden,)) for n in required_weights(config)}
-
-
 def random_blocks(qtype: GGMLType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Random quant blocks with sane scales (small positive f16), shape (rows, bytes per row)."""
     fmt = FORMATS[qtype]
@@ -117,27 +102,71 @@ def _source(name: str, qtype: GGMLType, shape: tuple[int, ...], seed: int) -> Te
     return TensorSource(qtype, shape, produce)
 
 
-def default_vocab(vocab_size: int) -> VocabSpec:
-    """Gemma 3's vocabulary from the bundled model, padded with unused control tokens to ``vocab_size``."""
-    from .gguf import GGUFFile
+VOCAB_ENV = "WORKBENCH_VOCAB"
+GENERATED = "generated"
+
+
+def bundled_vocab() -> VocabSpec:
+    """Gemma 3's vocabulary from the bundled model package, or an error that says what to do without it."""
     from .registry import default_model_path
 
-    meta = GGUFFile(default_model_path()).metadata
-    tokens = meta["tokenizer.ggml.tokens"].tolist()[:vocab_size]
-    scores = np.asarray(meta["tokenizer.ggml.scores"], dtype=np.float32)[:vocab_size].tolist()
-    types = np.asarray(meta["tokenizer.ggml.token_type"]).astype(int)[:vocab_size].tolist()
-    for i in range(len(tokens), vocab_size):
-        tokens.append(f"<unused_synthetic_{i}>")
-        scores.append(-1000.0)
-        types.append(3)
-    return VocabSpec(tokens, scores, types)
+    try:
+        path = default_model_path()
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(
+            f"synthetic models take Gemma 3's vocabulary from the bundled model, but {e}. Without it: on a "
+            f"machine that has it run `workbench synth --write-vocab gemma3-vocab.json.gz`, copy that file "
+            f"here and pass `--vocab gemma3-vocab.json.gz` (or set {VOCAB_ENV}=PATH); or pass "
+            f"`--vocab {GENERATED}` for a generated vocabulary (byte tokens only: same speed, but text "
+            f"tokenizes byte by byte)"
+        ) from None
+    return vocab_from_gguf(GGUFFile(path))
+
+
+def synthetic_vocab(vocab_size: int, source: str | Path | None = None) -> tuple[VocabSpec, str]:
+    """(vocabulary of ``vocab_size`` tokens, its label) for a synthetic model.
+
+    ``source`` is a vocabulary file (``workbench synth --write-vocab``), ``generated``, or None for
+    ``$WORKBENCH_VOCAB`` if set, else the bundled model. Vocabularies are padded with unused control tokens
+    (or cut) to ``vocab_size``. The label (``bundled``, ``file``, ``generated``) is stored in the GGUF.
+    """
+    source = source if source is not None else os.environ.get(VOCAB_ENV) or None
+    if source is None:
+        vocab, label = bundled_vocab(), "bundled"
+    elif str(source) == GENERATED:
+        print(
+            "workbench: WARNING: synthetic model with a GENERATED vocabulary, not Gemma 3's: token ids of "
+            "text differ from the real models' (speed does not)",
+            file=sys.stderr,
+        )
+        vocab, label = generated_vocab(), GENERATED
+    else:
+        vocab, label = read_vocab_file(source), "file"
+    return fit_vocab(vocab, vocab_size), label
+
+
+def write_bundled_vocab(out: str | Path) -> Path:
+    """Write the bundled model's vocabulary as a vocabulary file (for machines without the package)."""
+    from .registry import default_model_path
+
+    vocab = bundled_vocab()
+    return write_vocab_file(vocab, out, source=default_model_path().name)
 
 
 def write_synthetic(
-    config: ModelConfig, quant: str, out: str | Path, seed: int = 0, progress: bool = True
+    config: ModelConfig,
+    quant: str,
+    out: str | Path,
+    seed: int = 0,
+    progress: bool = True,
+    vocab: str | Path | None = None,
 ) -> Path:
-    """Write a synthetic GGUF for ``config`` quantized as ``quant``; returns its path."""
+    """Write a synthetic GGUF for ``config`` quantized as ``quant``; returns its path.
+
+    ``vocab`` is where the tokenizer comes from (see :func:`synthetic_vocab`).
+    """
     plan = quant_plan(config, quant)
+    spec, vocab_label = synthetic_vocab(config.vocab_size, vocab)
     shapes = weight_shapes(config)
     tensors = {n: (plan[n], _source(n, plan[n], shapes[n], seed * 100003 + i)) for i, n in enumerate(plan)}
     total = sum(FORMATS[t].nbytes(int(np.prod(shapes[n]))) for n, t in plan.items())
@@ -153,9 +182,9 @@ def write_synthetic(
             out,
             config,
             tensors,
-            default_vocab(config.vocab_size),
-            name=f"synthetic {config.name}",
-            extra={"workbench.synthetic": 1, "general.file_type_name": quant},
+            spec,
+            name=f"synthetic {config.name}" + (" (generated vocabulary)" if vocab_label == GENERATED else ""),
+            extra={"workbench.synthetic": 1, "workbench.vocab": vocab_label, "general.file_type_name": quant},
             on_tensor=(lambda _n, nb: bar.update(nb)) if bar else None,
         )
     finally:
@@ -170,10 +199,12 @@ def parse_spec(spec: str) -> tuple[ModelConfig, str]:
 
 
 def synthetic_model_path(spec: str) -> Path:
-    """Path of the cached synthetic GGUF for ``spec`` (written on first use)."""
+    """Path of the cached synthetic GGUF for ``spec`` (written on first use; vocabulary as
+    :func:`synthetic_vocab` finds it, so ``$WORKBENCH_VOCAB`` serves machines without the bundled model)."""
     config, quant = parse_spec(spec)
     quant_plan(config, quant)  # validate before any work
-    path = cache_dir("synth") / f"{config.name}-{quant}.gguf"
+    generated = os.environ.get(VOCAB_ENV) == GENERATED
+    path = cache_dir("synth") / f"{config.name}-{quant}{'-generated-vocab' if generated else ''}.gguf"
     if not path.exists():
         print(f"workbench: writing synthetic model {config.name} ({quant}) to {path}", file=sys.stderr)
         write_synthetic(config, quant, path)
