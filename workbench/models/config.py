@@ -1,5 +1,5 @@
-"""Model configuration: one dataclass for Gemma 3, built from GGUF metadata, a Hugging Face config.json,
-or a named preset (270M to 27B) for synthetic models and projections."""
+"""Model configuration: one dataclass for Gemma 3, built from GGUF metadata, a Hugging Face config.json
+(``hf_config``), or a named preset (270M to 27B) for synthetic models and projections."""
 
 from __future__ import annotations
 
@@ -174,52 +174,6 @@ class ModelConfig:
             layer_types=layer_types,
         )
 
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any], name: str = "") -> ModelConfig:
-        """Config from a Hugging Face ``config.json`` (``gemma3_text``, or ``gemma3`` with a text_config)."""
-        model_type = cfg.get("model_type")
-        if model_type == "gemma3" and "text_config" in cfg:
-            cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
-            model_type = "gemma3_text"
-        if model_type != "gemma3_text":
-            raise UnsupportedModelError(
-                f"unsupported architecture {model_type!r} in config.json (supported: gemma3_text, gemma3)"
-            )
-        try:
-            n_layers = int(cfg["num_hidden_layers"])
-            hidden = int(cfg["hidden_size"])
-            n_heads = int(cfg["num_attention_heads"])
-            ffn = int(cfg["intermediate_size"])
-        except KeyError as e:
-            raise UnsupportedModelError(f"config.json lacks {e.args[0]!r}") from None
-        head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-        rope_global, rope_local, scale = _hf_rope(cfg)
-        layer_types = cfg.get("layer_types")
-        lt: tuple[str, ...] = ()
-        if layer_types:
-            lt = tuple("sliding" if t == "sliding_attention" else "global" for t in layer_types)
-        return cls(
-            name=name or str(cfg.get("_name_or_path") or "gemma3"),
-            n_layers=n_layers,
-            hidden=hidden,
-            ffn=ffn,
-            n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
-            head_dim=head_dim,
-            vocab_size=int(cfg.get("vocab_size", 262144)),
-            context_length=int(cfg.get("max_position_embeddings", 32768)),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_base_global=rope_global,
-            rope_base_local=rope_local,
-            rope_scale_global=scale,
-            sliding_window=int(cfg.get("sliding_window") or 512),
-            sliding_window_pattern=int(cfg.get("sliding_window_pattern") or 6),
-            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or head_dim),
-            final_logit_softcap=cfg.get("final_logit_softcapping"),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            layer_types=lt,
-        )
-
     def to_hf_config(self) -> dict[str, Any]:
         """A ``config.json`` for this model as transformers' ``Gemma3ForCausalLM`` reads it."""
         rope_scaling = (
@@ -260,22 +214,6 @@ class ModelConfig:
         if "layer_types" not in changes and {"n_layers", "sliding_window_pattern"} & set(changes):
             changes["layer_types"] = ()
         return replace(self, **changes)
-
-
-def _hf_rope(cfg: Mapping[str, Any]) -> tuple[float, float, float]:
-    """(global base, local base, global linear scale) from either rope convention of transformers."""
-    params = cfg.get("rope_parameters")
-    if isinstance(params, Mapping) and "full_attention" in params:
-        full, slide = params["full_attention"], params.get("sliding_attention", {})
-        scale = float(full.get("factor", 1.0)) if full.get("rope_type") == "linear" else 1.0
-        return float(full.get("rope_theta", 1e6)), float(slide.get("rope_theta", 1e4)), scale
-    scaling = cfg.get("rope_scaling") or {}
-    scale = (
-        float(scaling.get("factor", 1.0))
-        if scaling.get("rope_type", scaling.get("type")) == "linear"
-        else 1.0
-    )
-    return float(cfg.get("rope_theta", 1e6)), float(cfg.get("rope_local_base_freq", 1e4)), scale
 
 
 def _preset(

@@ -11,12 +11,15 @@ import itertools
 import json
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ..quant.formats import GGMLType
 from .config import ModelConfig, UnsupportedModelError
+from .hf_config import config_from_hf, layer_of
 from .weights import QTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -96,8 +99,13 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
 def gguf_name(hf_name: str) -> tuple[str, bool] | None:
-    """(GGUF name, is-norm) of a Hugging Face tensor name, or None for tensors the text model does not use."""
-    if hf_name == "lm_head.weight":
+    """(GGUF name, is-norm) of a Hugging Face tensor name, or None for tensors the text model does not use.
+
+    Text weights are named ``model.*`` (``Gemma3ForCausalLM``), ``language_model.model.*`` (the Hub's
+    ``Gemma3ForConditionalGeneration`` files) or ``model.language_model.*`` (as newer transformers save
+    it); the vision tower and projector are not used.
+    """
+    if hf_name in ("lm_head.weight", "language_model.lm_head.weight"):
         return "output.weight", False
     name = _PREFIX.sub("", hf_name)
     if name in _TOP_MAP:
@@ -134,6 +142,17 @@ def _shard_files(path: Path) -> list[Path]:
     return found
 
 
+class _Entry(NamedTuple):
+    """A text tensor found in a safetensors file."""
+
+    hf_name: str
+    file: Path
+    qtype: GGMLType
+    shape: tuple[int, ...]
+    loader: Callable[[], np.ndarray]
+    is_norm: bool
+
+
 def _loader(mm: np.memmap, lo: int, hi: int):
     return lambda: mm[lo:hi]
 
@@ -148,8 +167,9 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
         cfg = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise UnsupportedModelError(f"{cfg_file}: invalid JSON ({e})") from None
-    config = ModelConfig.from_hf_config(cfg, name=path.name)
-    tensors: dict[str, QTensor] = {}
+    if not isinstance(cfg, dict):
+        raise UnsupportedModelError(f"{cfg_file}: not a JSON object")
+    found: dict[str, _Entry] = {}
     for file in _shard_files(path):
         header, start, _ = read_header(file)
         mm = np.memmap(file, dtype=np.uint8, mode="r")
@@ -158,8 +178,20 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
             if mapped is None:
                 continue
             name, is_norm = mapped
-            qtype, _ = _DTYPES[e["dtype"]]
+            if name in found:
+                first = found[name]
+                raise SafetensorsError(
+                    f"{file}: tensor {hf_name!r} is the text model's {name!r}, and so is "
+                    f"{first.hf_name!r} in {first.file.name}"
+                )
             lo, hi = (start + int(x) for x in e["data_offsets"])
             shape = tuple(int(d) for d in e["shape"]) or (1,)
-            tensors[name] = QTensor(name, qtype, shape, _loader(mm, lo, hi), 1.0 if is_norm else 0.0)
+            found[name] = _Entry(hf_name, file, _DTYPES[e["dtype"]][0], shape, _loader(mm, lo, hi), is_norm)
+    shapes = {n: (t.hf_name, t.shape) for n, t in found.items()}
+    config = config_from_hf(cfg, shapes, str(cfg_file), name=path.name)
+    tensors = {
+        n: QTensor(n, t.qtype, t.shape, t.loader, 1.0 if t.is_norm else 0.0)
+        for n, t in found.items()
+        if (layer_of(n) or 0) < config.n_layers  # layers past the config's count are not run
+    }
     return config, tensors
