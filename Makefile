@@ -35,6 +35,7 @@ lint: setup
 # Regenerate the transformers reference logits (needs: pip install -e '.[reference]'; offline)
 fixtures: setup
 	HF_HUB_OFFLINE=1 $(PY) scripts/make_reference.py
+	HF_HUB_OFFLINE=1 $(PY) scripts/make_layout_reference.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache .hypothesis

@@ -26,6 +26,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from reference_record import all_logits, greedy, logit_rows  # noqa: E402
+
 from workbench.models.registry import default_model_path  # noqa: E402
 
 # A long English prompt (> 600 tokens, so it crosses the 512-token sliding window): the opening of the
@@ -85,41 +87,16 @@ def main() -> int:
         positions = sorted(
             {0, n // 2, min(n - 1, 511), min(n - 1, 512), n - 1} | ({600} if n > 600 else set())
         )
-        with torch.no_grad():
-            logits = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
-        rows = {}
-        for p in positions:
-            row = logits[p]
-            top = np.argsort(-row, kind="stable")[:TOP]
-            rows[str(p)] = {
-                "top_ids": top.tolist(),
-                "top_logits": row[top].tolist(),
-                "sample_logits": row[SAMPLE_IDS].tolist(),
-            }
-        # greedy continuation with the KV cache, recording each step's top-2 margin
-        with torch.no_grad():
-            gen = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=GREEDY_STEPS,
-                do_sample=False,
-                output_logits=True,
-                return_dict_in_generate=True,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        greedy = gen.sequences[0, n:].tolist()
-        margins = []
-        for step_logits in gen.logits:
-            v = np.sort(step_logits[0].float().numpy())[-2:]
-            margins.append(float(v[1] - v[0]))
+        rows = logit_rows(all_logits(model, ids), positions, SAMPLE_IDS, TOP)
+        greedy_ids, margins = greedy(model, ids, GREEDY_STEPS)  # with the KV cache
         out["prompts"][name] = {
             **({"text": spec["text"]} if "text" in spec else {}),
             "ids": ids,
             "positions": rows,
-            "greedy": greedy,
+            "greedy": greedy_ids,
             "greedy_margins": margins,
         }
-        print(f"{name}: {n} tokens, greedy {tok.decode(greedy)!r:.80}", file=sys.stderr)
+        print(f"{name}: {n} tokens, greedy {tok.decode(greedy_ids)!r:.80}", file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)

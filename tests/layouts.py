@@ -18,26 +18,22 @@ import json
 from pathlib import Path
 
 import numpy as np
-from tiny import tiny_weights, write_tiny_hf
+from tiny import TINY, tiny_weights, write_tiny_hf
 
-from workbench.models.config import ModelConfig
 from workbench.models.export import hf_name, write_safetensors
 
-LAYOUT_27B = ModelConfig(
+LAYOUT_27B = TINY.with_(
     name="tiny-27b-layout",
     n_layers=4,
     hidden=192,
     ffn=384,
-    n_heads=4,
-    n_kv_heads=2,
     head_dim=128,
-    vocab_size=300,
     context_length=256,
     sliding_window=16,
     sliding_window_pattern=2,
     query_pre_attn_scalar=168,
     rope_scale_global=8.0,
-)
+)  # TINY's 4 query heads, 2 KV heads and 300-token vocabulary
 HUB_TEXT_CONFIG = {
     "hidden_size": 32,
     "intermediate_size": 64,
@@ -46,7 +42,7 @@ HUB_TEXT_CONFIG = {
     "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
     "sliding_window": 16,
 }
-LAYOUT_4B = ModelConfig(
+LAYOUT_4B = TINY.with_(
     name="tiny-4b-layout",
     n_layers=6,
     hidden=32,
@@ -57,6 +53,7 @@ LAYOUT_4B = ModelConfig(
     vocab_size=262_208,
     context_length=131_072,
     sliding_window=16,
+    sliding_window_pattern=6,
     query_pre_attn_scalar=256,
     rope_scale_global=8.0,
 )

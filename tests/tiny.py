@@ -10,7 +10,7 @@ import numpy as np
 from workbench.models import spm_proto as P
 from workbench.models.config import ModelConfig
 from workbench.models.export import hf_name, write_safetensors
-from workbench.models.gemma3 import required_weights
+from workbench.models.gemma3 import weight_shapes
 from workbench.models.gguf_writer import VocabSpec, write_gguf
 from workbench.quant.formats import GGMLType
 
@@ -48,23 +48,9 @@ def tiny_vocab() -> VocabSpec:
 def tiny_weights(config: ModelConfig = TINY, seed: int = 0) -> dict[str, np.ndarray]:
     """Float32 weights in GGUF naming; norm weights in the model's convention (the used 1 + w)."""
     rng = np.random.default_rng(seed)
-    c, out = config, {}
-    shapes = {
-        "token_embd": (c.vocab_size, c.hidden),
-        "attn_q": (c.q_dim, c.hidden),
-        "attn_k": (c.kv_dim, c.hidden),
-        "attn_v": (c.kv_dim, c.hidden),
-        "attn_output": (c.hidden, c.q_dim),
-        "ffn_gate": (c.ffn, c.hidden),
-        "ffn_up": (c.ffn, c.hidden),
-        "ffn_down": (c.hidden, c.ffn),
-        "attn_q_norm": (c.head_dim,),
-        "attn_k_norm": (c.head_dim,),
-    }
-    for name in required_weights(c):
-        key = name.split(".")[-2]
-        shape = shapes.get(key, (c.hidden,))
-        if key.endswith("norm"):
+    out = {}
+    for name, shape in weight_shapes(config).items():
+        if name.split(".")[-2].endswith("norm"):
             out[name] = (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
         else:
             out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
