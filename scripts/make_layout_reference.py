@@ -40,7 +40,7 @@ from layouts import (  # noqa: E402
     weights_digest,
     write_conditional_hf,
 )
-from reference_record import all_logits, greedy, logit_rows  # noqa: E402
+from reference_record import all_logits, greedy, logit_rows, write_fixture  # noqa: E402
 from tiny import write_tiny_hf  # noqa: E402
 
 GREEDY_STEPS = 12
@@ -153,9 +153,7 @@ def main() -> int:
                 entry["prompts"][pname] = rec
                 print(f"{name}/{pname}: {len(ids)} tokens, greedy {rec['greedy']}", file=sys.stderr)
             out["layouts"][name] = entry
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
+    write_fixture(args.out, out)
     return 0
 
 

@@ -12,7 +12,6 @@ record, for several prompts, the logits at chosen positions (top-32 and a fixed 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reference_record import all_logits, greedy, logit_rows  # noqa: E402
+from reference_record import all_logits, greedy, logit_rows, write_fixture  # noqa: E402
 
 from workbench.models.registry import default_model_path  # noqa: E402
 
@@ -97,9 +96,7 @@ def main() -> int:
             "greedy_margins": margins,
         }
         print(f"{name}: {n} tokens, greedy {tok.decode(greedy_ids)!r:.80}", file=sys.stderr)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
+    write_fixture(args.out, out)
     return 0
 
 

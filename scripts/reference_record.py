@@ -3,7 +3,10 @@ make_reference.py and make_layout_reference.py, which run from this folder)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -49,3 +52,10 @@ def greedy(model, ids: Sequence[int], steps: int) -> tuple[list[int], list[float
         v = np.sort(step_logits[0].float().numpy())[-2:]
         margins.append(float(v[1] - v[0]))
     return gen.sequences[0, len(ids) :].tolist(), margins
+
+
+def write_fixture(path: Path, data: dict) -> None:
+    """Write a fixture as indented JSON and say where and how large."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
