@@ -1,7 +1,8 @@
 """Run records: one self-describing folder per run under ``experiments/`` (JSON + Parquet), and queries.
 
 A record is written into a hidden temporary folder and published with one ``rename``, so a crash never
-leaves a half record and several writers never collide (each run has its own unique id). Reading skips
+leaves a half record and several writers never collide (each run has its own unique id); a write that
+fails (a full disk) removes its temporary folder. Reading skips
 a corrupted record with a warning and loads the others.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 import warnings
@@ -63,15 +65,19 @@ def write_record(
     record.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     tmp = base / f".tmp-{run_id}-{os.getpid()}"
     tmp.mkdir()
-    files = {}
-    for name, df in (tables or {}).items():
-        if df is not None and not df.empty:
-            df.to_parquet(tmp / f"{name}.parquet", index=False)
-            files[name] = f"{name}.parquet"
-    record["files"] = files
-    (tmp / "run.json").write_text(json.dumps(record, indent=1, default=_json_default))
-    final = base / run_id
-    os.rename(tmp, final)
+    try:
+        files = {}
+        for name, df in (tables or {}).items():
+            if df is not None and not df.empty:
+                df.to_parquet(tmp / f"{name}.parquet", index=False)
+                files[name] = f"{name}.parquet"
+        record["files"] = files
+        (tmp / "run.json").write_text(json.dumps(record, indent=1, default=_json_default))
+        final = base / run_id
+        os.rename(tmp, final)
+    except BaseException:  # a full disk, say: no half record is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
 
 
@@ -86,7 +92,9 @@ def iter_records(root: str | Path | None = None, group: str = RUNS) -> Iterator[
         try:
             rec = json.loads((d / "run.json").read_text())
             if not isinstance(rec, dict) or rec.get("schema") != SCHEMA:
-                raise ValueError(f"schema is {rec.get('schema') if isinstance(rec, dict) else type(rec).__name__}")
+                raise ValueError(
+                    f"schema is {rec.get('schema') if isinstance(rec, dict) else type(rec).__name__}"
+                )
         except (OSError, ValueError) as e:
             warnings.warn(f"skipping corrupted run record {d}: {e}", stacklevel=2)
             continue
@@ -109,8 +117,9 @@ def load_runs(root: str | Path | None = None, group: str = RUNS, **filters: Any)
     return df.reset_index(drop=True)
 
 
-def load_table(name: str = "ops", root: str | Path | None = None, group: str = RUNS,
-               run_ids: list[str] | None = None) -> pd.DataFrame:
+def load_table(
+    name: str = "ops", root: str | Path | None = None, group: str = RUNS, run_ids: list[str] | None = None
+) -> pd.DataFrame:
     """A table (``ops``, ``steps``, ...) of all records (or of ``run_ids``), with a ``run_id`` column."""
     frames = []
     for d, rec in iter_records(root, group):

@@ -5,23 +5,31 @@ An experiment lives in ``experiments/<name>/``::
     sweep.json               notebook, grid, fixed parameters, resources (written once, checked on resume)
     points/<id>/params.json  the point's parameters; <id> is a hash of them (a point is never duplicated)
     points/<id>/notebook.ipynb   the executed notebook
-    points/<id>/status.json  done or failed (+ error, seconds); written last, atomically
+    points/<id>/status.json  done or failed (+ reason, error, seconds); written last, atomically
     results/<id>/run.json    what the notebook recorded with :func:`record_result` (+ op tables)
 
 A point without ``status.json`` has not finished (killed mid-run): running the sweep again reruns it, and
 points with a status are skipped, so an interrupted sweep loses and duplicates nothing.
+
+A failed point says why (``reason``): ``error`` (the notebook raised), ``timeout`` (it ran past the point
+time limit, ``point_timeout_s``: its kernel was killed), ``disk_full`` (no space left for its notebook,
+results or status) or ``crashed`` (the worker process running it died; no status is kept). A full disk
+stops the sweep (every further point would fail the same way); points that failed for it run again on the
+next run, as unfinished ones do. Failed points of other reasons run again only with ``retry_failed``.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
 import os
 import shutil
+import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +38,13 @@ from typing import Any
 import yaml
 
 from .records import experiments_dir, write_record
+from .timed_notebook import DEFAULT_POINT_TIMEOUT_S, NotebookTimeout, execute_notebook
 
 MAX_POINTS_WITHOUT_CONFIRM = 200
 POINT_PARAM = "workbench_point"
 RESOURCE_BACKENDS = {"vulkan": "vulkan", "npu": "npu"}
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+RERUN_REASONS = ("disk_full",)  # failures of the machine, not of the point: rerun without --retry-failed
 
 
 class GridError(ValueError):
@@ -129,38 +140,82 @@ def point_id(params: dict[str, Any]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and one rename: readers see the old file
+    or the new one, never a part; the temporary file does not outlive a failed write (a full disk)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
-def run_point(notebook: str, exp_dir: str, pid: str, params: dict[str, Any], timeout_s: float | None) -> dict:
-    """Execute one point with papermill (in this process); write its status; never raise."""
-    import papermill
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it chains, or an error it reports from a kernel) is a full disk."""
+    texts = tuple(os.strerror(n) for n in DISK_FULL_ERRNOS)
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(t in str(seen) for t in texts):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
+
+def error_line(e: BaseException) -> str:
+    """What went wrong, in one line: for a notebook's error, the exception the notebook raised."""
+    if hasattr(e, "ename") and hasattr(e, "evalue"):  # papermill's PapermillExecutionError
+        return f"{e.ename}: {e.evalue}"[:2000]
+    return f"{type(e).__name__}: {str(e).strip()[-2000:]}"
+
+
+def _remove_leftovers(exp_dir: Path, pid: str) -> None:
+    """Temporary files of an earlier run of the point that was killed mid-write (none are ever read)."""
+    for stale in (exp_dir / "results").glob(f".tmp-{pid}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in (exp_dir / "points" / pid).glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def run_point(
+    notebook: str,
+    exp_dir: str,
+    pid: str,
+    params: dict[str, Any],
+    timeout_s: float | None,
+    point_timeout_s: float | None = DEFAULT_POINT_TIMEOUT_S,
+) -> dict:
+    """Execute one point with papermill (its kernel killed after ``point_timeout_s``; ``timeout_s`` bounds
+    each cell); write its status; never raise. A status that could not be written has ``recorded`` False."""
     pdir = Path(exp_dir) / "points" / pid
-    pdir.mkdir(parents=True, exist_ok=True)
-    _write_json_atomic(pdir / "params.json", params)
     t0 = time.time()
     status: dict[str, Any] = {"id": pid, "params": params, "started": t0}
     try:
-        papermill.execute_notebook(
-            notebook,
-            str(pdir / "notebook.ipynb"),
-            parameters={**params, POINT_PARAM: {"experiment": str(exp_dir), "id": pid}},
-            progress_bar=False,
-            cwd=str(Path(notebook).resolve().parent),
-            execution_timeout=timeout_s,
-            kernel_name="python3",
+        pdir.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(Path(exp_dir), pid)
+        write_json_atomic(pdir / "params.json", params)
+        point = {POINT_PARAM: {"experiment": str(exp_dir), "id": pid}}
+        cwd = Path(notebook).resolve().parent
+        execute_notebook(
+            notebook, pdir / "notebook.ipynb", {**params, **point}, cwd, timeout_s, point_timeout_s
         )
         status["state"] = "done"
     except Exception as e:  # a failing notebook is a failed point, not a failed sweep
-        status["state"] = "failed"
-        status["error"] = f"{type(e).__name__}: {str(e).strip()[-2000:]}"
-        status["traceback"] = traceback.format_exc()[-4000:]
+        reason = "timeout" if isinstance(e, NotebookTimeout) else "disk_full" if is_disk_full(e) else "error"
+        error = error_line(e)
+        status.update(state="failed", reason=reason, error=error, traceback=traceback.format_exc()[-4000:])
     status["seconds"] = time.time() - t0
-    _write_json_atomic(pdir / "status.json", status)
+    try:
+        write_json_atomic(pdir / "status.json", status)
+    except OSError as e:  # the point reruns next time (no status); the sweep learns why from the return
+        error = f"its status could not be written: {type(e).__name__}: {e}"
+        if "error" in status:
+            error += f" (after: {status['error']})"
+        status.update(state="failed", reason="disk_full" if is_disk_full(e) else "error", error=error,
+                      recorded=False)  # fmt: skip
     return status
 
 
@@ -187,7 +242,7 @@ def _check_or_write_definition(exp_dir: Path, notebook: Path, grid: Grid) -> Non
         definition["grid"] = old_grid
     exp_dir.mkdir(parents=True, exist_ok=True)
     definition["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    _write_json_atomic(path, definition)
+    write_json_atomic(path, definition)
 
 
 def run_sweep(
@@ -201,13 +256,20 @@ def run_sweep(
     timeout_s: float | None = None,
     root: str | Path | None = None,
     progress: Callable[[dict], None] | None = None,
+    point_timeout_s: float | None = DEFAULT_POINT_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """Run every point of ``grid`` not yet done; returns counts and the experiment folder."""
+    """Run every point of ``grid`` not yet done; returns counts and the experiment folder.
+
+    ``timeout_s`` bounds each notebook cell, ``point_timeout_s`` each point's whole run (None: no bound).
+    The counts: ``skipped`` (done before), ``done``, ``failed``, ``not_run`` (left when the sweep stopped
+    early: ``aborted`` says why, e.g. a full disk)."""
     notebook = Path(notebook)
     if not notebook.is_file():
         raise GridError(f"notebook {notebook} not found")
     if workers < 1:
         raise GridError(f"--workers must be >= 1, got {workers}")
+    if point_timeout_s is not None and point_timeout_s <= 0:
+        raise GridError(f"the point timeout must be > 0 seconds, got {point_timeout_s}")
     points = validate(grid, notebook, yes)
     exp_dir = experiments_dir(root) / (name or notebook.stem)
     _check_or_write_definition(exp_dir, notebook, grid)
@@ -215,41 +277,72 @@ def run_sweep(
     for params in points:
         pid = point_id(params)
         st = point_status(exp_dir, pid)
-        if st and (st["state"] == "done" or not retry_failed):
+        if st and (st["state"] == "done" or not (retry_failed or st.get("reason") in RERUN_REASONS)):
             skipped += 1
             continue
         todo.append((pid, params))
     from tqdm.auto import tqdm
 
-    counts = {"done": 0, "failed": 0}
+    counts, aborted = {"done": 0, "failed": 0}, None
     bar = tqdm(total=len(points), initial=skipped, desc=f"sweep {exp_dir.name}", unit="point")
-    for status in _execute(str(notebook.resolve()), str(exp_dir), todo, workers, executor, grid, timeout_s):
+    timeouts = (timeout_s, point_timeout_s)
+    for status in _execute(str(notebook.resolve()), str(exp_dir), todo, workers, executor, grid, timeouts):
         counts[status["state"]] += 1
         bar.update(1)
         if status["state"] == "failed":
-            bar.write(f"point {status['id']} failed: {status['error'].splitlines()[0][:200]}")
+            first_line = status["error"].splitlines()[0][:200] if status["error"] else ""
+            bar.write(f"point {status['id']} failed ({status['reason']}): {first_line}", file=sys.stderr)
         if progress:
             progress(status)
+        if status.get("reason") == "disk_full":
+            aborted = f"the disk is full ({status['error'].splitlines()[0][:200]}); free space and run again"
+            bar.write(f"sweep stopped: {aborted}", file=sys.stderr)
+            break
     bar.close()
-    return {"experiment": str(exp_dir), "points": len(points), "skipped": skipped, **counts}
+    not_run = len(points) - skipped - counts["done"] - counts["failed"]
+    summary = {"experiment": str(exp_dir), "points": len(points), "skipped": skipped, **counts}
+    return {**summary, "not_run": not_run, "aborted": aborted}
 
 
-def _execute(notebook, exp_dir, todo, workers, executor, grid, timeout_s):
+def _execute(notebook, exp_dir, todo, workers, executor, grid, timeouts) -> Iterator[dict]:
+    """Statuses of the points of ``todo`` as they finish; closing it early cancels the points not started."""
     if not todo:
         return
     if executor.startswith("dask://") or executor == "dask":
-        yield from _execute_dask(notebook, exp_dir, todo, executor, grid, timeout_s)
+        yield from _execute_dask(notebook, exp_dir, todo, executor, grid, timeouts)
         return
     if executor != "local":
         raise GridError(f"unknown executor {executor!r}: use local or dask://HOST:PORT")
     if workers == 1:
         for pid, params in todo:
-            yield run_point(notebook, exp_dir, pid, params, timeout_s)
+            yield run_point(notebook, exp_dir, pid, params, *timeouts)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_point, notebook, exp_dir, pid, params, timeout_s) for pid, params in todo]
+    pool = ProcessPoolExecutor(max_workers=workers)
+    try:
+        futures = {}
+        for pid, params in todo:
+            futures[pool.submit(run_point, notebook, exp_dir, pid, params, *timeouts)] = (pid, params)
         for fut in as_completed(futures):
-            yield fut.result()
+            yield _result(fut, *futures[fut])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(future: Any, pid: str, params: dict[str, Any]) -> dict:
+    """A point's status from its future; a worker that died (killed, out of memory) fails the point, which
+    keeps no status and so runs again next time."""
+    try:
+        return future.result()
+    except Exception as e:
+        error = f"the worker running the point died: {type(e).__name__}: {e}"
+        return {
+            "id": pid,
+            "params": params,
+            "state": "failed",
+            "reason": "crashed",
+            "error": error,
+            "recorded": False,
+        }
 
 
 def point_resources(grid: Grid, params: dict[str, Any]) -> dict[str, int]:
@@ -261,21 +354,23 @@ def point_resources(grid: Grid, params: dict[str, Any]) -> dict[str, int]:
     return {t: 1 for t in sorted(tags)}
 
 
-def _execute_dask(notebook, exp_dir, todo, executor, grid, timeout_s):
+def _execute_dask(notebook, exp_dir, todo, executor, grid, timeouts):
     try:
-        from distributed import Client, as_completed as dask_completed
+        from distributed import Client
+        from distributed import as_completed as dask_completed
     except ImportError:
         raise GridError("the dask executor needs dask[distributed]: pip install -e '.[dask]'") from None
     address = executor.removeprefix("dask://")
     client = Client(f"tcp://{address}" if "://" not in address else address, timeout="20s")
     try:
-        futures = [
-            client.submit(run_point, notebook, exp_dir, pid, params, timeout_s, key=f"point-{pid}",
-                          resources=point_resources(grid, params) or None, pure=False)  # fmt: skip
-            for pid, params in todo
-        ]
+        futures, points = [], {}
+        for pid, params in todo:
+            fut = client.submit(run_point, notebook, exp_dir, pid, params, *timeouts, key=f"point-{pid}",
+                                resources=point_resources(grid, params) or None, pure=False)  # fmt: skip
+            futures.append(fut)
+            points[fut.key] = (pid, params)
         for fut in dask_completed(futures):
-            yield fut.result()
+            yield _result(fut, *points[fut.key])
     finally:
         client.close()
 
