@@ -62,7 +62,14 @@ def compare(model, tokens, decode: int = 3, rel: float = 2e-4, **options) -> wb.
     """Prefill ``tokens`` (all logits) then ``decode`` single tokens on numpy and vulkan; logits must agree."""
     en, ev = wb.Engine(model, "numpy"), vulkan_engine(model, **options)
     sn, sv = en.new_sequence(), ev.new_sequence()
-    assert_close(ev.forward(sv, tokens, logits="all"), en.forward(sn, tokens, logits="all"), rel)
+    b = ev.backend
+    # prefill on cooperative matrices takes fp16 inputs (GPUs that have them; lavapipe has none)
+    coop = b.gemm_kernel == "matmul_coop" and len(tokens) > b.tuning["matvec.max_tokens"]
+    assert_close(
+        ev.forward(sv, tokens, logits="all"),
+        en.forward(sn, tokens, logits="all"),
+        max(rel, 2e-3 if coop else 0),
+    )
     for t in range(decode):
         tok = (37 * t + 11) % model.config.vocab_size
         assert_close(ev.forward(sv, [tok]), en.forward(sn, [tok]), rel)

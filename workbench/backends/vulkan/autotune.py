@@ -27,6 +27,7 @@ from .tuned import PARAMS, TuningDB, param_errors
 
 REPEATS = 16  # the projection's dispatches per timed program (its quantize pass runs once)
 SAMPLE_ROWS = 256  # rows of the output checked against numpy
+WARM_S = 0.05  # seconds of runs before a candidate's timed runs
 CHOICES = {
     "wg": (32, 64, 128, 256, 512, 1024),
     "row_threads": (1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -160,8 +161,13 @@ class Tuner:
             err = float(np.abs(got - want).max())
             if not np.isfinite(err) or err > tol:
                 raise ValueError(f"output differs from numpy by {err:.3g} (tolerance {tol:.3g})")
+            # keep the device busy for WARM_S first: clocks rise only under sustained load, and a candidate
+            # timed from idle reads several times slower than in a model's steps
+            end = time.monotonic() + WARM_S
+            while time.monotonic() < end:
+                prog.run(zeros, zeros, np.zeros(1, np.int64))
             times = []
-            for _ in range(5):
+            for _ in range(7):
                 prog.run(zeros, zeros, np.zeros(1, np.int64))
                 times.append(prog.step_seconds())
             return float(np.median(times)) / REPEATS
