@@ -27,7 +27,7 @@ from .tuned import PARAMS, TuningDB, param_errors
 
 REPEATS = 16  # the projection's dispatches per timed program (its quantize pass runs once)
 SAMPLE_ROWS = 256  # rows of the output checked against numpy
-WARM_S = 0.05  # seconds of runs before a candidate's timed runs
+WARM_S = 0.1  # seconds of runs before a candidate's timed runs
 CHOICES = {
     "wg": (32, 64, 128, 256, 512, 1024),
     "row_threads": (1, 2, 4, 8, 16, 32, 64, 128, 256),
