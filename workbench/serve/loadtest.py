@@ -75,14 +75,16 @@ def run_load(
     rss_every_s: float = 5.0,
     timeout_s: float = 600.0,
     kill_every_s: float | None = None,
+    kill_max_tokens: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """``clients`` threads stream completions of ``prompts`` (each client cycles through them) until
     ``seconds`` have passed; the reference text of each prompt is first fetched alone (one request at a time).
 
     With ``kill_every_s``, every that many seconds the next client to start a request is killed instead: it
-    streams a longer completion and resets its connection after 2-4 events (``seed`` picks how many), then
-    a new client takes its place. Errors and mismatches count the other clients' requests only."""
+    streams a longer completion (``kill_max_tokens``, default 8 x ``max_tokens``, so that it is still
+    generating when killed) and resets its connection after 2-4 events (``seed`` picks how many), then a new
+    client takes its place. Errors and mismatches count the other clients' requests only."""
     if clients < 1 or seconds <= 0 or not prompts or (kill_every_s is not None and kill_every_s <= 0):
         raise ValueError("need clients >= 1, seconds > 0, kill_every_s > 0 and at least one prompt")
     ref_client = _client(base_url, api_key, timeout_s)
@@ -94,6 +96,7 @@ def run_load(
     latencies: list[float] = []
     kill_failures: list[str] = []
     rng = random.Random(seed)
+    kill_tokens = kill_max_tokens or 8 * max_tokens
     stop_at = time.perf_counter() + seconds
     next_kill = [time.perf_counter() + kill_every_s if kill_every_s else float("inf")]
 
@@ -108,7 +111,7 @@ def run_load(
         with lock:
             events = rng.randint(2, 4)
         try:
-            stream_then_reset(base_url, model, prompt, max(4 * max_tokens, 32), events, api_key, timeout_s)
+            stream_then_reset(base_url, model, prompt, kill_tokens, events, api_key, timeout_s)
         except Exception as e:  # a kill that never reached the stream is reported, not silently skipped
             with lock:
                 kill_failures.append(f"{type(e).__name__}: {e}")
