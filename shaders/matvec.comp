@@ -53,6 +53,7 @@ layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 #endif
 #ifdef Q8_ACT
 // int8 activations (quant_act.comp: the input norm, if any, is applied there) and integer dot products
+#include "q8_block.glsl"
 #if defined(NORM) || defined(F16_MATH)
 #error "Q8_ACT excludes NORM and F16_MATH"
 #endif
@@ -94,6 +95,9 @@ layout(push_constant) uniform PC {
     uint cnt_off;
     uint ms_off;      // MS_IN: the mean squares of x's rows (written by the post-norm tail that produced x)
     uint ms_out_off;  // POST_NORM_ADD: where the tail writes the mean squares of out's rows
+    uint q_out_off;   // QUANT_OUT: out RMS-normalized by the next op's norm, as int8 blocks (q8_block.glsl)
+    uint qnw_off;     // QUANT_OUT: that norm's weight (smalls)
+    float qeps;
 } pc;
 
 shared float red[WG];
@@ -356,5 +360,25 @@ void main() {
     // the mean squares of out, for the next op's RMSNorm (MS_IN), by the same scatter_sums as above
     tot = scatter_sums(ss, WG, 0u, tid, tok);
     if (tid < padded_tokens() && tok < NT) actc[pc.ms_out_off + tok] = tot / float(pc.N);
+#ifdef QUANT_OUT
+    // the next projection's input: out * inv_rms(out) * nw as int8 blocks, so that it needs no quant_act
+    // dispatch (and no barrier) of its own
+    barrier();
+    if (tid < padded_tokens() && tok < NT) inv_rms[tok] = 1.0 / sqrt(tot / float(pc.N) + pc.qeps);
+    memoryBarrierBuffer();
+    barrier();
+    uint qs = pc.N / 4u + pc.N / 8u;  // floats per token row of the int8 blocks
+    for (uint i = tid; i < NT * (pc.N / 32u); i += WG) {
+        uint t = i / (pc.N / 32u), blk = i % (pc.N / 32u);
+        float v[32];
+        float it = inv_rms[t];
+        [[unroll]] for (uint e = 0u; e < 32u; ++e) {
+            uint c = 32u * blk + e;
+            v[e] = actc[pc.o_off + t * pc.o_stride + c] * it * smalls[pc.qnw_off + c];
+        }
+        uint qb = (pc.q_out_off + t * qs) / 4u;
+        store_q8_block(v, qb, qb + pc.N / 16u, blk);
+    }
+#endif
 #endif
 }

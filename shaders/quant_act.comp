@@ -9,6 +9,7 @@
 #extension GL_EXT_control_flow_attributes : require
 #define QUANT_ACT
 #include "common.glsl"
+#include "q8_block.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
@@ -49,7 +50,6 @@ void main() {
     uint qb = (pc.q_off + t * pc.q_stride) / 4u, mb = qb + pc.K / 16u;
     for (uint blk = gl_WorkGroupID.x * WG + tid; blk < pc.K / 32u; blk += WG * gl_NumWorkGroups.x) {
         float v[32];
-        float amax = 0.0;
         [[unroll]] for (uint i = 0u; i < 8u; ++i) {
             vec4 x = act4[xb / 4u + 8u * blk + i];
 #ifdef NORM
@@ -60,22 +60,7 @@ void main() {
             v[4u * i + 1u] = x.y;
             v[4u * i + 2u] = x.z;
             v[4u * i + 3u] = x.w;
-            amax = max(amax, max(max(abs(x.x), abs(x.y)), max(abs(x.z), abs(x.w))));
         }
-        float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
-        uint words[8];
-        int sums[2] = int[2](0, 0);
-        [[unroll]] for (uint w = 0u; w < 8u; ++w) {
-            uint packed = 0u;
-            [[unroll]] for (uint b = 0u; b < 4u; ++b) {
-                int q = clamp(int(roundEven(v[4u * w + b] * id)), -127, 127);  // ties to even, as numpy
-                sums[w / 4u] += q;
-                packed |= (uint(q) & 0xFFu) << (8u * b);
-            }
-            words[w] = packed;
-        }
-        actu4[qb + 2u * blk] = uvec4(words[0], words[1], words[2], words[3]);
-        actu4[qb + 2u * blk + 1u] = uvec4(words[4], words[5], words[6], words[7]);
-        act4[mb + blk] = vec4(d, d * float(sums[0]), d * float(sums[1]), 0.0);
+        store_q8_block(v, qb, mb, blk);
     }
 }

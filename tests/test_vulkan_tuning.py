@@ -114,6 +114,28 @@ def test_integer_matvec_model_logits_and_default(wide_models):
     assert vulkan_engine(wide_models["q8_0"]).backend.tuning["matvec.q8"] == int(feats.int_dot_fast)
 
 
+def test_post_norm_tail_writes_the_next_int8_input(wide_models):
+    """QUANT_OUT: the attn_output / ffn_down tails quantize the next projection's normalized input, so no
+    quant_act dispatch precedes gate/up or the next layer's QKV; the logits equal those of separate passes."""
+    model = wide_models["q4_k_m"]
+    runs = {}
+    for q in (0, 1):
+        ev = vulkan_engine(model, tune=f"matvec.q8=1,matvec.quant_out={q}")
+        seq = ev.new_sequence()
+        ev.forward(seq, TOKENS[:5])
+        runs[q] = [ev.forward(seq, [t]) for t in (11, 48, 85)]
+        prog = next(p for k, p in ev.backend.programs.items() if k[1][0][2] == 1)
+        tails = [d for d in prog.dispatches if "QUANT_OUT" in d.defines]
+        quants = [d for d in prog.dispatches if d.kernel == "quant_act"]
+        if q:
+            assert len(tails) == 2 * model.config.n_layers - 1  # the last layer's feeds the LM head's norm
+            assert len(quants) == 1 + 2 * model.config.n_layers  # first QKV, each attn/down input, the LM head
+        else:
+            assert not tails
+    for a, b in zip(runs[0], runs[1]):
+        assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
+
+
 @pytest.mark.slow
 def test_default_model_greedy_tokens_on_int8_activations(default_model, numpy_engine):
     prompt = "The capital of France is"

@@ -74,6 +74,9 @@ KERNELS: dict[str, KernelSpec] = {
             "cnt_off",
             "ms_off",
             "ms_out_off",
+            "q_out_off",
+            "qnw_off",
+            "qeps:f",
         ),
         (("wg", 0), ("row_threads", 1)),
     ),
@@ -174,6 +177,7 @@ PROGRAM_TUNABLES = {
     # is 1 where the device accelerates 4x8-bit dot products (set by Tuning), else 0
     "matvec.q8": 0,
     "matvec.q8_rows": 1,  # rows per group of threads of the integer matvec in one-token steps
+    "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
 }
 SWITCHES = (
     "matmul.coop",
@@ -183,6 +187,7 @@ SWITCHES = (
     "matvec.fp16",
     "matvec.norm_ms",
     "matvec.q8",
+    "matvec.quant_out",
 )
 ROW_THREAD_KEYS = (
     "matvec.row_threads",
@@ -236,7 +241,7 @@ class Tuning:
             "embed.wg": 64,
             "kv_store.wg": 128,
             "argmax.wg": 256,
-            "quant_act.wg": 64,
+            "quant_act.wg": 32,  # one block of 32 values a thread: several small workgroups
             **PROGRAM_TUNABLES,
         }
         self.values["matvec.q8"] = int(feats.int_dot_fast)
@@ -383,7 +388,10 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for ms in ((), ("MS_IN",))
             ]
         if f[0].removeprefix("FMT_") in Q8_FORMATS:
-            out += [("matvec", (*f, "Q8_ACT", *v)) for v in ((), ("GELU_PAIR",), ("POST_NORM_ADD",))]
+            out += [
+                ("matvec", (*f, "Q8_ACT", *v))
+                for v in ((), ("GELU_PAIR",), ("POST_NORM_ADD",), ("POST_NORM_ADD", "QUANT_OUT"))
+            ]
         out += [("matmul", f), ("matmul_coop", f), ("embed", f)]
     out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
     out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]

@@ -168,6 +168,10 @@ class Builder:
         # has them reads them (MS_IN) instead of every workgroup summing the input's squares again
         ms_out = self.tmp(f"{out}:ms", 1, t) if post else None
         ms_in = f"{x}:ms" if norm and f"{x}:ms" in self.sizes and b.tuning["matvec.norm_ms"] else None
+        # the post-norm tail also writes the next projection's int8 input (QUANT_OUT), where there is one
+        fuse_q = post and stride != k and len(w.parts) == 1 and b.tuning["matvec.quant_out"]
+        q_norm = self.next_norm(out, k=w.rows) if fuse_q else None
+        q_out = self.tmp(f"{out}:q8:{q_norm[0]}", t, w.rows // 4 + w.rows // 8) if q_norm else None
         for i, part in enumerate(w.parts):
             push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, T=t,
                         row0=part.row0, x_off=Ref(x), x_stride=stride, y_off=Ref(y), y_stride=self.widths[y],
@@ -175,10 +179,12 @@ class Builder:
                         r_stride=self.widths[res] if res else 0, o_off=Ref(out) if out else 0,
                         o_stride=self.widths[out] if out else 0, pw_off=b.small_offset(pw) if pw else 0,
                         peps=peps, cnt_off=Ref(counter) if counter else 0, ms_off=Ref(ms_in) if ms_in else 0,
-                        ms_out_off=Ref(ms_out) if ms_out else 0)  # fmt: skip
+                        ms_out_off=Ref(ms_out) if ms_out else 0, q_out_off=Ref(q_out) if q_out else 0,
+                        qnw_off=b.small_offset(q_norm[0]) if q_out else 0, qeps=q_norm[1] if q_out else 0.0)  # fmt: skip
             defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["MS_IN"] if ms_in else []
             defines += ["POST_NORM_ADD"] if post else []
+            defines += ["QUANT_OUT"] if q_out else []
             q8 = stride != k
             defines += ["Q8_ACT"] if q8 else ["F16_MATH"] if b.tuning["matvec.fp16"] else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
@@ -207,9 +213,12 @@ class Builder:
             gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
             reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
             reads += [ms_in] if ms_in else []
+            writes += [q_out] if q_out else []
             spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
+        if q_out:
+            self.q8_inputs[(out, q_norm[0])] = q_out
 
     def integer_path(self, w, w2, k: int) -> bool:
         """Whether a decode projection runs on int8 activations (``matvec.q8``): its format has an integer
@@ -220,6 +229,22 @@ class Builder:
         return all(f.removeprefix("FMT_") in Q8_FORMATS for f in fmts) and (
             w2 is None or w.defines == w2.defines
         )
+
+    def next_norm(self, x: str, k: int) -> tuple[str, float] | None:
+        """(norm weight, eps) of the fused norm + decode projection that reads ``x`` next, if its weights take
+        the integer path (so its int8 input can be written by the op that produces ``x``)."""
+        for op in self.graph.ops:
+            if op.kind in ("rmsnorm_matmul", "rmsnorm_matmul_gelu") and op.inputs[0] == x:
+                norm, *mms = op.attrs["parts"]
+                ws = [self.backend.weight(mm.weights[0]) for mm in mms if mm.weights]
+                if (
+                    ws
+                    and all(w.rows <= self.backend.tuning["matvec.norm_rows"] for w in ws)
+                    and all(self.integer_path(w, None, k) for w in ws)
+                ):
+                    return norm.weights[0], float(norm.attrs["eps"])
+                return None
+        return None
 
     def quantized(self, op: Op, x: str, norm: str | None, eps: float) -> str:
         """``x`` (RMS-normalized by ``norm`` if given) as int8 blocks for the integer matvec: one quant_act
