@@ -24,10 +24,12 @@ from .device import VulkanDevice, list_devices
 from .kernels import TUNABLE_NAMES, Pipelines, Tuning
 from .kv_cache import KVPool, VulkanKVCache
 from .memory import Buffer, Transfers
+from .placement import TUNABLES as PLACEMENT_TUNABLES
+from .placement import WeightsPlan, check_tunables, plan_weights, report
 from .program import MAX_STEP_TOKENS, Builder
 from .recorded import Recorded
 from .tuned import AppliedTuning, TuningDB
-from .weights import DeviceWeight, upload_weight
+from .weights import DeviceWeight, device_bytes, upload_weight
 
 MAX_PROGRAMS = 32  # recorded step programs kept (shapes x batch compositions)
 
@@ -47,7 +49,7 @@ class VulkanBackend(Backend):
     """Runs step graphs on a Vulkan device (``device_id``: index or name; validation: Khronos layer)."""
 
     name = "vulkan"
-    tunable_names = (*TUNABLE_NAMES, "fused", "timestamps", "device", "tuned")
+    tunable_names = (*TUNABLE_NAMES, *PLACEMENT_TUNABLES, "fused", "timestamps", "device", "tuned")
 
     def __init__(self, model: Model, threads: int | None = None, tune: str | None = None,
                  device_id: str | int | None = None, validation: bool | None = None):  # fmt: skip
@@ -60,6 +62,7 @@ class VulkanBackend(Backend):
         self.transfers: Transfers | None = None
         self.pipes: Pipelines | None = None
         self.kv_pool: KVPool | None = None
+        self.weights_plan: WeightsPlan | None = None
         try:
             self.tuning = Tuning(
                 self.dev.features, {k: v for k, v in self._tune.items() if k in TUNABLE_NAMES}
@@ -108,6 +111,7 @@ class VulkanBackend(Backend):
                 "timestamps": self.timestamps,
                 "validation": self.dev.validation,
                 "weights_bytes": sum(w.nbytes for w in self._weights.values()),
+                "memory": report(self.weights_plan, self._weights.values(), self.dev),
                 "upload_s": round(getattr(self, "upload_s", 0.0), 3),
                 "tunables": dict(self.tuning.values),
                 "integer_matvec": bool(self.tuning["matvec.q8"]),
@@ -141,10 +145,15 @@ class VulkanBackend(Backend):
         mats = [n for n, t in m.weights.items() if len(t.shape) == 2]
         vecs = [n for n, t in m.weights.items() if len(t.shape) == 1]
         total = sum(m.weights[n].nbytes for n in mats)
+        # device-local or host-visible memory for each weight, decided before the first upload (placement.py)
+        mode = self.tunable("weights.heap", "auto")
+        budget = check_tunables(mode, self._tune.get("weights.device_budget_mb"))
+        sizes = {n: device_bytes(m.weights[n], limit) for n in mats}
+        self.weights_plan = plan_weights(self.dev, sizes, mode, budget)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="vulkan: uploading weights", file=sys.stderr,
                    disable=total < 64 << 20, leave=False)  # fmt: skip
         for n in mats:
-            self._weights[n] = upload_weight(m.weights[n], self.transfers, limit)
+            self._weights[n] = upload_weight(m.weights[n], self.transfers, limit, self.weights_plan.roles[n])
             bar.update(m.weights[n].nbytes)
         bar.close()
         self._small_off: dict[str, int] = {}
@@ -167,7 +176,7 @@ class VulkanBackend(Backend):
             off += len(inv) + (-len(inv)) % 4
             chunks.append(np.zeros((-len(inv)) % 4, np.float32))
         data = np.concatenate(chunks) if chunks else np.zeros(4, np.float32)
-        self.smalls = Buffer(self.dev, data.nbytes, name="norm weights and rope tables")
+        self.smalls = Buffer(self.dev, data.nbytes, name="norm weights and rope tables", spill=True)
         self.transfers.upload(self.smalls, data)
 
     def weight(self, name: str) -> DeviceWeight:

@@ -277,6 +277,8 @@ class VulkanDevice:
             raise BackendUnavailableError(f"Vulkan device {self.features.name} has no compute queue")
         self._create_device()
         self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self.allocated: dict[int, int] = {}  # bytes of live buffers per heap (memory.Buffer keeps it)
+        self.spilled = 0  # bytes of buffers that wanted device-local memory and went to host-visible memory
         self.command_pool = vk.vkCreateCommandPool(
             self.device,
             vk.VkCommandPoolCreateInfo(

@@ -97,7 +97,12 @@ class KVPool:
             ring = min(max_len, c.sliding_window + MAX_RING_STEP + slack) if c.is_sliding(i) else max_len
             size = 2 * ring * c.kv_dim * 4
             layers.append(
-                LayerSlots(Buffer(self.dev, size, name=f"kv cache layer {i}"), ring, ring < max_len, c.kv_dim)
+                LayerSlots(
+                    Buffer(self.dev, size, name=f"kv cache layer {i}", spill=True),  # host-visible if no room
+                    ring,
+                    ring < max_len,
+                    c.kv_dim,
+                )
             )
         kv = DeviceKV(len(self._all), key, layers)
         self._all.append(kv)

@@ -6,19 +6,32 @@ larger than the device's ``maxStorageBufferRange`` are refused here (callers spl
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .device import DeviceOutOfMemoryError, VulkanDevice
+from .heaps import MemoryType, device_local_heaps, memory_types, pick_type, read_heaps
 
 STAGING_BYTES = 32 << 20
+ALL_TYPES = (1 << 32) - 1  # every memory type allowed (planning, before a buffer exists)
 
 
 class Buffer:
-    """One VkBuffer with its own memory. ``host`` buffers are mapped (``array`` is a uint8 view)."""
+    """One VkBuffer with its own memory, of a memory ``role`` (:func:`.heaps.pick_type`).
 
-    def __init__(self, dev: VulkanDevice, size: int, host: bool = False, name: str = ""):
+    ``device`` (the default): device-local. ``staging`` (``host=True``): host-visible, for the CPU to read and
+    write. ``host``: host-visible memory that the GPU reads (weights placed off the device-local heap).
+    ``staging`` and ``host`` buffers are mapped (``array`` is a uint8 view). ``spill=True``: a device buffer
+    that goes to host-visible memory when the device-local heap has no room for it (its budget, or the
+    driver's answer); the bytes are counted in ``dev.spilled`` and said once on stderr.
+    """
+
+    def __init__(self, dev: VulkanDevice, size: int, host: bool = False, name: str = "",
+                 role: str | None = None, spill: bool = False):  # fmt: skip
         vk = dev.vk
-        self.dev, self.size, self.host, self.name = dev, max(int(size), 16), host, name
+        role = role or ("staging" if host else "device")
+        self.dev, self.size, self.host, self.name = dev, max(int(size), 16), role != "device", name
         limit = dev.features.max_storage_buffer_range
         if self.size > limit:
             raise ValueError(
@@ -36,26 +49,24 @@ class Buffer:
             None,
         )
         req = vk.vkGetBufferMemoryRequirements(dev.device, self.handle)
-        if host:
-            want = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-            prefer = want | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
-        else:
-            want = prefer = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-        mtype = _memory_type(dev, req.memoryTypeBits, prefer, want)
         try:
-            self.memory = vk.vkAllocateMemory(
-                dev.device, vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mtype), None
-            )
-        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory):
+            mtype, self.memory = _place(dev, role, spill, req, self.size, name)
+        except DeviceOutOfMemoryError:
             vk.vkDestroyBuffer(dev.device, self.handle, None)
-            raise DeviceOutOfMemoryError(
-                f"out of {'host-visible' if host else 'device'} memory allocating {name or 'a buffer'} of "
-                f"{self.size / 2**20:.1f} MiB on {dev.features.name} "
-                f"(device-local heap {dev.features.device_local_bytes / 2**30:.1f} GiB)"
-            ) from None
+            raise
         vk.vkBindBufferMemory(dev.device, self.handle, self.memory, 0)
+        self.memory_type, self.heap, self.allocated = mtype.index, mtype.heap, int(req.size)
+        self.spilled = role == "device" and mtype.index != role_type(dev, "device", req.memoryTypeBits).index
+        self.host = self.host or self.spilled
+        dev.allocated[self.heap] = dev.allocated.get(self.heap, 0) + self.allocated
+        if self.spilled:
+            if not dev.spilled:
+                print(f"vulkan backend: {name or 'a buffer'} ({self.size / 2**20:.1f} MiB) and later buffers "
+                      "without device-local room go to host-visible memory (slower): "
+                      f"{_heaps_text(dev)}", file=sys.stderr)  # fmt: skip
+            dev.spilled += self.allocated
         self.array: np.ndarray | None = None
-        if host:
+        if self.host:
             ptr = vk.vkMapMemory(dev.device, self.memory, 0, self.size, 0)
             self.array = np.frombuffer(ptr, dtype=np.uint8, count=self.size)
 
@@ -73,16 +84,53 @@ class Buffer:
             vk.vkUnmapMemory(dev.device, self.memory)
         vk.vkDestroyBuffer(dev.device, self.handle, None)
         vk.vkFreeMemory(dev.device, self.memory, None)
+        dev.allocated[self.heap] -= self.allocated
+        if self.spilled:
+            dev.spilled -= self.allocated
         self.handle = None
 
 
-def _memory_type(dev: VulkanDevice, bits: int, prefer: int, want: int) -> int:
+def role_type(dev: VulkanDevice, role: str, bits: int = ALL_TYPES) -> MemoryType:
+    """The memory type buffers of ``role`` use on ``dev`` (``bits``: the types a buffer allows)."""
     props = dev.memory_properties
-    for flags in (prefer, want):
-        for i in range(props.memoryTypeCount):
-            if bits & (1 << i) and props.memoryTypes[i].propertyFlags & flags == flags:
-                return i
-    raise DeviceOutOfMemoryError(f"no Vulkan memory type with flags {want:#x} on {dev.features.name}")
+    return pick_type(memory_types(props), bits, role, device_local_heaps(props))
+
+
+def _heap_free(dev: VulkanDevice, heap: int) -> int:
+    return read_heaps(dev)[0][heap].free
+
+
+def _heaps_text(dev: VulkanDevice) -> str:
+    heaps, source = read_heaps(dev)
+    return "; ".join(h.describe() for h in heaps) + f"; budgets from {source}"
+
+
+def _place(dev: VulkanDevice, role: str, spill: bool, req, size: int, name: str):
+    """The memory type and a fresh allocation for a buffer (see :class:`Buffer` for ``spill``)."""
+    what = f"{name or 'a buffer'} of {size / 2**20:.1f} MiB on {dev.features.name}"
+    try:
+        roles = [role, "host"] if spill and role == "device" else [role]
+        types = [role_type(dev, r, req.memoryTypeBits) for r in roles]
+    except LookupError as e:
+        raise DeviceOutOfMemoryError(f"{e}: cannot allocate {what}") from None
+    if len(types) == 2 and _heap_free(dev, types[0].heap) < req.size:
+        types = types[1:]  # the device-local heap's budget has no room left
+    for mtype in types:
+        try:
+            memory = dev.vk.vkAllocateMemory(
+                dev.device,
+                dev.vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=mtype.index),
+                None,
+            )
+            return mtype, memory
+        except (dev.vk.VkErrorOutOfDeviceMemory, dev.vk.VkErrorOutOfHostMemory):
+            continue  # the driver's answer: the next type, if any
+    if len(roles) > 1:
+        raise DeviceOutOfMemoryError(
+            f"no room in device-local or host-visible memory for {what} ({_heaps_text(dev)})"
+        )
+    kind = "device" if role == "device" else "host-visible"
+    raise DeviceOutOfMemoryError(f"out of {kind} memory allocating {what} ({_heaps_text(dev)})")
 
 
 class Transfers:

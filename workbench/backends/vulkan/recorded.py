@@ -25,7 +25,7 @@ class Recorded:
         vk = dev.vk
         self.dev, self.dispatches, self.params = dev, dispatches, params
         self.seq_index = seq_index  # per token row: which of binding 4's caches (p_seq); fixed per program
-        self.arena = Buffer(dev, arena_floats * 4, name="activation arena")
+        self.arena = Buffer(dev, arena_floats * 4, name="activation arena", spill=True)
         self.readback = Buffer(dev, logits[1] * 4, host=True, name="logits readback") if logits else None
         self.logits_region = logits
         self._sets: dict[tuple, object] = {}

@@ -61,6 +61,7 @@ class DeviceWeight:
     cols: int
     parts: list[WeightPart]
     defines: tuple[str, ...] = ()  # shader defines that select the decoder (quant.glsl)
+    role: str = "device"  # memory role of its buffers: device (device-local) or host (host-visible)
 
     @property
     def nbytes(self) -> int:
@@ -94,32 +95,68 @@ def planar_defines(t: PlanarTensor) -> tuple[str, ...]:
     return ("FMT_I4", f"I4_GROUP={f.group}") + (() if f.symmetric else ("I4_ASYM",))
 
 
+PLANAR_ORDER = ("q", "scale", "zero")
+
+
 def _planar_planes(t: PlanarTensor, r0: int, r1: int) -> list[np.ndarray]:
-    order = ("q", "scale", "zero")
     return [
-        np.ascontiguousarray(t.planes[k][r0:r1]).reshape(-1).view(np.uint8) for k in order if k in t.planes
+        np.ascontiguousarray(t.planes[k][r0:r1]).reshape(-1).view(np.uint8)
+        for k in PLANAR_ORDER
+        if k in t.planes
     ]
 
 
-def upload_weight(t: QTensor | PlanarTensor, transfers: Transfers, limit: int) -> DeviceWeight:
-    """Upload a matrix weight as planar blocks, split into parts of at most ``limit`` bytes."""
+def _format(t: QTensor | PlanarTensor) -> tuple[str, tuple[str, ...]]:
+    """The weight's format name and decoder defines; a clear error for formats without a shader."""
     if isinstance(t, PlanarTensor):
-        defines = planar_defines(t)
-        return _upload(t, transfers, limit, t.type.name, defines, lambda r0, r1: _planar_planes(t, r0, r1))
+        return t.type.name, planar_defines(t)
     if t.type not in SUPPORTED:
         raise UnsupportedOpError(
             f"vulkan backend: tensor {t.name!r} has type {t.type.name}, which has no Vulkan kernel "
             f"(supported: {', '.join(x.name for x in SUPPORTED)})"
         )
+    return t.type.name, (f"FMT_{t.type.name}",)
+
+
+def _rows_per_part(t: QTensor | PlanarTensor, limit: int) -> int:
+    return max(1, (limit - 64 * ALIGN) // t.row_bytes)
+
+
+def _plane_row_bytes(t: QTensor | PlanarTensor) -> list[int]:
+    """Bytes one row adds to each plane (the layout of :func:`planes_of` and the planar planes)."""
+    if isinstance(t, PlanarTensor):
+        return [t.planes[k].nbytes // t.rows for k in PLANAR_ORDER if k in t.planes]
+    if t.type in PLAIN:
+        return [t.row_bytes]
+    blocks = t.row_bytes // BLOCK_FORMATS[t.type].block_bytes
+    return [blocks * (b - a) for a, b in PLANES[t.type]]
+
+
+def device_bytes(t: QTensor | PlanarTensor, limit: int) -> int:
+    """The bytes :func:`upload_weight` will allocate for ``t`` (planes padded, parts of at most ``limit``
+    bytes), known before anything is uploaded."""
+    _format(t)
+    per_row, step = _plane_row_bytes(t), _rows_per_part(t, limit)
+    parts = [min(step, t.rows - r0) for r0 in range(0, t.rows, step)]
+    return sum(max(16, sum(_padded(n * b) for b in per_row)) for n in parts)
+
+
+def upload_weight(
+    t: QTensor | PlanarTensor, transfers: Transfers, limit: int, role: str = "device"
+) -> DeviceWeight:
+    """Upload a matrix weight as planar blocks, split into parts of at most ``limit`` bytes, into memory of
+    ``role`` (``device`` or ``host``: :class:`.memory.Buffer`)."""
+    fmt, defines = _format(t)
+    if isinstance(t, PlanarTensor):
+        return _upload(t, transfers, limit, fmt, defines, lambda r0, r1: _planar_planes(t, r0, r1), role)
     raw = t.raw
-    return _upload(t, transfers, limit, t.type.name, (f"FMT_{t.type.name}",),
-                   lambda r0, r1: planes_of(raw[r0:r1], t.type))  # fmt: skip
+    return _upload(t, transfers, limit, fmt, defines, lambda r0, r1: planes_of(raw[r0:r1], t.type), role)
 
 
 def _upload(
-    t, transfers: Transfers, limit: int, fmt: str, defines: tuple[str, ...], planes_for
+    t, transfers: Transfers, limit: int, fmt: str, defines: tuple[str, ...], planes_for, role: str
 ) -> DeviceWeight:
-    rows_per_part = max(1, (limit - 64 * ALIGN) // t.row_bytes)
+    rows_per_part = _rows_per_part(t, limit)
     parts = []
     for r0 in range(0, t.rows, rows_per_part):
         r1 = min(t.rows, r0 + rows_per_part)
@@ -128,9 +165,9 @@ def _upload(
         for p in planes:
             offsets.append(size)
             size += _padded(p.size)
-        buf = Buffer(transfers.dev, size, name=f"{t.name}[{r0}:]")
+        buf = Buffer(transfers.dev, size, name=f"{t.name}[{r0}:]", role=role)
         for off, p in zip(offsets, planes):
             transfers.upload(buf, p, off)
         words = tuple(o // 4 for o in offsets) + (0,) * (4 - len(offsets))
         parts.append(WeightPart(buf, r0, r1 - r0, words))  # type: ignore[arg-type]
-    return DeviceWeight(t.name, fmt, t.rows, t.cols, parts, defines)
+    return DeviceWeight(t.name, fmt, t.rows, t.cols, parts, defines, role)
