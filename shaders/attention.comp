@@ -9,6 +9,7 @@
 // one subgroup per head updates the running max/sum, then every thread accumulates its output dims.
 // Cache slots: position p lives in slot p (global layers) or p % ring (sliding layers) of the cache of the
 // query's sequence (p_seq: a dispatch may serve several sequences of equal cache shape, one per grid z row).
+// KV_F16: the cache holds float16 keys and values (converted on load; scores and sums stay float32).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
@@ -79,7 +80,7 @@ void main() {
             [[unroll]] for (uint g = 0u; g < G; ++g) part[g] = 0.0;
             [[unroll]] for (uint i = 0u; i < QV; ++i) {
                 uint c = i * SG + lane;
-                vec4 kv_ = c < HD / 4u ? caches4[cs].v[kb + c] : vec4(0.0);
+                vec4 kv_ = c < HD / 4u ? KV_GET4(caches4[cs].v[kb + c]) : vec4(0.0);
                 [[unroll]] for (uint g = 0u; g < G; ++g) part[g] += dot(kv_, q[g][i]);
             }
             [[unroll]] for (uint g = 0u; g < G; ++g) {
@@ -115,7 +116,7 @@ void main() {
             uint vb = pc.v_off + slots[j] * pc.kv_dim + kvh * HD;
             [[unroll]] for (uint i = 0u; i < DPT; ++i) {
                 uint d = tid + i * WG;
-                float v = d < HD ? caches[cs].v[vb + d] : 0.0;
+                float v = d < HD ? KV_GET(caches[cs].v[vb + d]) : 0.0;
                 [[unroll]] for (uint g = 0u; g < G; ++g) acc[g][i] += sc[g * SK + j] * v;
             }
         }

@@ -6,10 +6,14 @@
 //   2  the step's parameters (uint words: tokens, positions, logit rows, written by the host per step)
 //   3  small float32 tensors of the model (norm weights, RoPE inverse frequencies)
 //   4  the layer's KV caches of up to KV_SEQS sequences (an array of buffers; each: keys then values,
-//      float32); token row t of the step uses caches[p_seq(t)] (its sequence's index in its dispatch)
+//      float32, or float16 with KV_F16); token row t of the step uses caches[p_seq(t)] (its sequence's index
+//      in its dispatch)
 //   5  a second weight (the `up` projection of a fused gate/up kernel), like binding 0
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#ifdef KV_F16
+#extension GL_EXT_shader_16bit_storage : require
+#endif
 
 layout(binding = 0) readonly buffer Weights { uint w32[]; };
 layout(binding = 1) buffer Arena { float act[]; };
@@ -17,8 +21,21 @@ layout(binding = 1) buffer Arena4 { vec4 act4[]; };
 layout(binding = 2) buffer Params { uint params[]; };
 layout(binding = 3) readonly buffer Smalls { float smalls[]; };
 const uint KV_SEQS = 8;  // = workbench.backends.vulkan.kernels.KV_SEQS
+#ifdef KV_F16
+// the fp16 cache (kv.fp16): 16-bit storage only, every product stays float32. KV_PUT saturates at the
+// largest half (a value past it would store inf, and inf * 0 probabilities would make NaN)
+layout(binding = 4) buffer Cache { float16_t v[]; } caches[KV_SEQS];
+layout(binding = 4) buffer Cache4 { f16vec4 v[]; } caches4[KV_SEQS];
+#define KV_PUT(x) float16_t(clamp((x), -65504.0, 65504.0))
+#define KV_GET(x) float(x)
+#define KV_GET4(x) vec4(x)
+#else
 layout(binding = 4) buffer Cache { float v[]; } caches[KV_SEQS];
 layout(binding = 4) buffer Cache4 { vec4 v[]; } caches4[KV_SEQS];
+#define KV_PUT(x) (x)
+#define KV_GET(x) (x)
+#define KV_GET4(x) (x)
+#endif
 layout(binding = 5) readonly buffer Weights2 { uint w32b[]; };
 #if defined(Q8_ACT) || defined(QUANT_ACT)
 // int8 activations and their block meta (quant_act.comp writes them, the Q8_ACT matvec reads them)

@@ -1,6 +1,7 @@
 #version 450
 // Writes the step's keys and values into the layer's cache: position p goes to slot p (global layers) or
-// p % ring (sliding layers), of its sequence's cache (p_seq). Grid: (ceil(kv_dim / WG), T).
+// p % ring (sliding layers), of its sequence's cache (p_seq), as float16 with KV_F16.
+// Grid: (ceil(kv_dim / WG), T).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -19,6 +20,6 @@ void main() {
     if (i >= pc.kv_dim) return;
     uint p = p_pos(t);
     uint slot = pc.window > 0u ? p % pc.ring : p, s = KV_SEQ(t);
-    caches[s].v[slot * pc.kv_dim + i] = act[pc.k_off + t * pc.k_stride + i];
-    caches[s].v[pc.v_off + slot * pc.kv_dim + i] = act[pc.v_off_act + t * pc.v_stride + i];
+    caches[s].v[slot * pc.kv_dim + i] = KV_PUT(act[pc.k_off + t * pc.k_stride + i]);
+    caches[s].v[pc.v_off + slot * pc.kv_dim + i] = KV_PUT(act[pc.v_off_act + t * pc.v_stride + i]);
 }

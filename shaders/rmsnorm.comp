@@ -3,7 +3,8 @@
 // Grid: (groups per row, T). Variants: ADD (y = r + norm(x) * w, the post-norm residual add),
 // ROPE (rotate-half RoPE of each group after the norm, inverse frequencies in smalls at freq_off),
 // NO_NORM (with ROPE: RoPE alone), KV_OUT (with ROPE: the rotated keys go straight into the layer's KV cache
-// at the token's slot, and the step's values of the same head are copied there too: no separate store).
+// at the token's slot, and the step's values of the same head are copied there too: no separate store;
+// KV_F16: a float16 cache).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -57,8 +58,8 @@ void main() {
     uint kb = slot * pc.kv_dim + g * pc.width;
     uint vs = pc.v_src + t * pc.v_stride + g * pc.width;
     uint cs_ = KV_SEQ(t);
-    for (uint i = tid; i < pc.width; i += WG) caches[cs_].v[pc.v_off + kb + i] = act[vs + i];
-#define STORE(i, x) caches[cs_].v[kb + (i)] = (x)
+    for (uint i = tid; i < pc.width; i += WG) caches[cs_].v[pc.v_off + kb + i] = KV_PUT(act[vs + i]);
+#define STORE(i, x) caches[cs_].v[kb + (i)] = KV_PUT(x)
 #else
 #define STORE(i, v) act[yb + (i)] = (v)
 #endif

@@ -83,7 +83,7 @@ class VulkanBackend(Backend):
             t0 = time.perf_counter()
             self._upload_model()
             self.upload_s = time.perf_counter() - t0
-            self.kv_pool = KVPool(self.dev, model.config)
+            self.kv_pool = KVPool(self.dev, model.config, fp16=bool(self.tuning["kv.fp16"]))
         except BaseException:
             self.close()
             raise
@@ -115,6 +115,7 @@ class VulkanBackend(Backend):
                 "upload_s": round(getattr(self, "upload_s", 0.0), 3),
                 "tunables": dict(self.tuning.values),
                 "integer_matvec": bool(self.tuning["matvec.q8"]),
+                "kv_cache": "float16" if self.tuning["kv.fp16"] else "float32",
                 "tuned_shapes": self.tuned.describe(),
             },
         )

@@ -178,6 +178,9 @@ PROGRAM_TUNABLES = {
     "matvec.q8": 0,
     "matvec.q8_rows": 1,  # rows per group of threads of the integer matvec in one-token steps
     "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
+    # float16 keys and values in the KV cache (16-bit storage buffers; products stay float32): half the
+    # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default until measured
+    "kv.fp16": 0,
 }
 SWITCHES = (
     "matmul.coop",
@@ -188,6 +191,7 @@ SWITCHES = (
     "matvec.norm_ms",
     "matvec.q8",
     "matvec.quant_out",
+    "kv.fp16",
 )
 ROW_THREAD_KEYS = (
     "matvec.row_threads",
@@ -324,6 +328,10 @@ class Tuning:
             errors.append("matvec.q8_rows must be 1..8")
         if v["matvec.fp16"] and not f.fp16:
             errors.append("matvec.fp16=1 needs shaderFloat16, which this device lacks")
+        if v["kv.fp16"] and not f.storage_16bit:
+            errors.append(
+                "kv.fp16=1 needs storageBuffer16BitAccess (16-bit storage buffers), which this device lacks"
+            )
         if v["argmax.wg"] & (v["argmax.wg"] - 1):
             errors.append("argmax.wg must be a power of two")
         for key in ("matvec.row_block_tall", "matvec.row_block_batch"):
@@ -393,9 +401,11 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for v in ((), ("GELU_PAIR",), ("POST_NORM_ADD",), ("POST_NORM_ADD", "QUANT_OUT"))
             ]
         out += [("matmul", f), ("matmul_coop", f), ("embed", f)]
-    out += [("attention", ()), ("attention", ("FUSED_COMBINE",)), ("attn_combine", ()), ("kv_store", ())]
-    out += [("rmsnorm", ()), ("rmsnorm", ("ADD",))]
-    out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",), ("KV_OUT",), ("KV_OUT", "NO_NORM"))]
+    for kv in ((), ("KV_F16",)):  # the cache's float32 and float16 (kv.fp16) variants
+        out += [("attention", kv), ("attention", ("FUSED_COMBINE", *kv)), ("kv_store", kv)]
+        out += [("rmsnorm", ("ROPE", "KV_OUT", *x, *kv)) for x in ((), ("NO_NORM",))]
+    out += [("attn_combine", ()), ("rmsnorm", ()), ("rmsnorm", ("ADD",))]
+    out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",))]
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]
     out += [("quant_act", d) for d in ((), ("NORM",), ("NORM", "MS_IN"))]

@@ -1,4 +1,5 @@
-"""The KV cache on the device: one buffer per layer (keys, then values, float32), pooled for reuse.
+"""The KV cache on the device: one buffer per layer (keys, then values; float32, or float16 with the
+``kv.fp16`` tunable), pooled for reuse.
 
 Global layers hold every position (slot = position); sliding layers a ring of ``window + MAX_RING_STEP +
 slack`` slots (slot = position % ring), enough for a step of up to ``MAX_RING_STEP`` tokens and a rollback of
@@ -20,17 +21,24 @@ MAX_RING_STEP = 512
 
 @dataclass
 class LayerSlots:
-    """``slots`` positions of keys and values; ``wraps``: a sliding ring smaller than the context."""
+    """``slots`` positions of keys and values; ``wraps``: a sliding ring smaller than the context;
+    ``fp16``: float16 elements (else float32)."""
 
     buffer: Buffer
     slots: int
     wraps: bool
     kv_dim: int
+    fp16: bool = False
 
     @property
     def v_off(self) -> int:
-        """Word offset of the values in the layer's buffer."""
+        """Offset of the values in the layer's buffer, in elements (float32 or float16)."""
         return self.slots * self.kv_dim
+
+    @property
+    def defines(self) -> tuple[str, ...]:
+        """Shader defines of the kernels that read or write this cache."""
+        return ("KV_F16",) if self.fp16 else ()
 
 
 @dataclass
@@ -71,10 +79,11 @@ class VulkanKVCache:
 
 
 class KVPool:
-    """Allocates :class:`DeviceKV` buffer sets and keeps released ones for reuse."""
+    """Allocates :class:`DeviceKV` buffer sets (float16 elements with ``fp16``) and keeps released ones for
+    reuse."""
 
-    def __init__(self, dev, config: ModelConfig):
-        self.dev, self.config = dev, config
+    def __init__(self, dev, config: ModelConfig, fp16: bool = False):
+        self.dev, self.config, self.fp16 = dev, config, fp16
         self._free: dict[tuple[int, int], list[DeviceKV]] = {}
         self._all: list[DeviceKV] = []
 
@@ -95,15 +104,9 @@ class KVPool:
         layers = []
         for i in range(c.n_layers):
             ring = min(max_len, c.sliding_window + MAX_RING_STEP + slack) if c.is_sliding(i) else max_len
-            size = 2 * ring * c.kv_dim * 4
-            layers.append(
-                LayerSlots(
-                    Buffer(self.dev, size, name=f"kv cache layer {i}", spill=True),  # host-visible if no room
-                    ring,
-                    ring < max_len,
-                    c.kv_dim,
-                )
-            )
+            size = 2 * ring * c.kv_dim * (2 if self.fp16 else 4)
+            buf = Buffer(self.dev, size, name=f"kv cache layer {i}", spill=True)  # host-visible if no room
+            layers.append(LayerSlots(buf, ring, ring < max_len, c.kv_dim, self.fp16))
         kv = DeviceKV(len(self._all), key, layers)
         self._all.append(kv)
         return kv

@@ -380,7 +380,7 @@ class Builder:
                 self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
                      v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
                      t0=t0), (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k + tag, v + tag, "params"], kvres,
-                     spec=[(1, multi)], kv=caches)  # fmt: skip
+                     layer.defines, spec=[(1, multi)], kv=caches)  # fmt: skip
             return
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
         sg = b.dev.features.subgroup_size
@@ -406,7 +406,7 @@ class Builder:
         writes = [out + tag] if not part else ([part, out + tag, counters] if fused_combine else [part])
         if stage == "attend":
             self.add(op, "attention", push, (n_split, nkv, t), [q + tag, *kvres, "params"], writes,
-                 ["FUSED_COMBINE"] if fused_combine else [],
+                 (["FUSED_COMBINE"] if fused_combine else []) + list(layer.defines),
                  spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size), (5, multi)], kv=caches)  # fmt: skip
         elif stage == "merge" and part and not fused_combine:
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
@@ -427,7 +427,7 @@ class Builder:
             return False
         if self.widths[v] != self.widths[k] or rope.push["width"] != op.attrs["head_dim"]:
             return False
-        rope.defines = (*rope.defines, "KV_OUT")
+        rope.defines = (*rope.defines, "KV_OUT", *layer.defines)
         rope.spec = sorted([*rope.spec, (1, int(len(caches) > 1))])
         rope.push.update(y_off=0, v_src=Ref(v), v_stride=self.widths[v], kv_dim=layer.kv_dim, ring=layer.slots,
                          window=window, v_off=layer.v_off)  # fmt: skip
