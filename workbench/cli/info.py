@@ -26,15 +26,37 @@ def _short(v):
     return v
 
 
+def tokenizer_summary(model) -> dict:
+    """What the model's tokenizer is, read without building it (describing a model needs no tokenizer:
+    a missing or invalid one is reported here, and fails only commands that generate text)."""
+    from ..models.errors import UnsupportedModelError
+    from ..models.tokenizer import hf_tokenizer_file
+    from ..models.vocab import gguf_vocab
+
+    if model.kind == "hf":
+        found = hf_tokenizer_file(model.source)
+        if found is None:
+            return {"source": None, "error": "no tokenizer.model or tokenizer.json (generation needs one)"}
+        return {"source": str(found)}
+    try:
+        v = gguf_vocab(model.metadata, model.source)
+    except UnsupportedModelError as e:  # ModelFormatError included
+        return {"source": None, "error": str(e)}
+    return {
+        "vocab": len(v.tokens),
+        "bos": v.bos_id,
+        "eos": v.eos_id,
+        "add_bos": v.add_bos,
+        "source": f"gguf:{model.source}",
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import load
-    from ..models.gguf import GGUFFile
     from . import emit_json
 
     model = load(args.model)
-    meta = {}
-    if model.kind in ("gguf", "synthetic"):
-        meta = {k: _short(v) for k, v in GGUFFile(model.source).metadata.items()}
+    meta = {k: _short(v) for k, v in model.metadata.items()}
     table = model.weights.type_table()
     tensors = [
         {"name": n, "type": t.type.name, "shape": list(t.shape), "bytes": t.nbytes}
@@ -45,13 +67,7 @@ def run(args: argparse.Namespace) -> int:
         "config": model.config.to_dict(),
         "metadata": meta,
         "types": table,
-        "tokenizer": {
-            "vocab": model.tokenizer.vocab_size,
-            "bos": model.tokenizer.bos_id,
-            "eos": model.tokenizer.eos_id,
-            "add_bos": model.tokenizer.add_bos,
-            "source": model.tokenizer.source,
-        },
+        "tokenizer": tokenizer_summary(model),
     }
     if args.tensors:
         info["tensors"] = tensors
@@ -66,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         f"x {d['head_dim']}, vocab {d['vocab']}, context {d['context']}, window {d['sliding_window']}, "
         f"global layers {d['global_layers']}"
     )
+    tok = info["tokenizer"]
+    print(f"  tokenizer: {tok['source']}" if tok["source"] else f"  tokenizer: none ({tok['error']})")
     if model.synthetic:
         print("  SYNTHETIC: random weights of the real shapes and formats (for speed studies only)")
     if meta:

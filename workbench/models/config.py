@@ -8,13 +8,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-import numpy as np
+from .errors import UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("gemma3",)
-
-
-class UnsupportedModelError(ValueError):
-    """The model is not one this engine can run (the message names what it is)."""
 
 
 @dataclass(frozen=True)
@@ -122,57 +118,6 @@ class ModelConfig:
         if "layer_types" in kw:
             kw["layer_types"] = tuple(kw["layer_types"])
         return cls(**kw)
-
-    # -- sources ---------------------------------------------------------------------------------
-    @classmethod
-    def from_gguf_metadata(cls, meta: Mapping[str, Any], name: str = "") -> ModelConfig:
-        """Config from GGUF metadata, completed with the Gemma 3 facts GGUF files do not store."""
-        arch = meta.get("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
-
-        def req(key: str) -> Any:
-            full = f"{arch}.{key}"
-            if full not in meta:
-                raise UnsupportedModelError(f"GGUF metadata key {full!r} is missing")
-            return meta[full]
-
-        n_heads = int(req("attention.head_count"))
-        hidden = int(req("embedding_length"))
-        head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // n_heads))
-        n_layers = int(req("block_count"))
-        tokens = meta.get("tokenizer.ggml.tokens")
-        vocab = len(tokens) if tokens is not None else int(meta.get(f"{arch}.vocab_size", 262144))
-        scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-        scale = float(meta.get(f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
-        # Gemma 3 27B scales queries by hidden/heads; every other size by head_dim (as llama.cpp does).
-        qpas = hidden / n_heads if (n_layers, hidden) == (62, 5376) else head_dim
-        pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
-        layer_types: tuple[str, ...] = ()
-        if not isinstance(pattern, (int, np.integer)):  # per-layer flags: true = sliding
-            layer_types = tuple("sliding" if bool(f) else "global" for f in pattern)
-            pattern = 6
-        return cls(
-            name=name or str(meta.get("general.name", "gemma3")),
-            n_layers=n_layers,
-            hidden=hidden,
-            ffn=int(req("feed_forward_length")),
-            n_heads=n_heads,
-            n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
-            head_dim=head_dim,
-            vocab_size=vocab,
-            context_length=int(meta.get(f"{arch}.context_length", 32768)),
-            rms_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_base_global=float(meta.get(f"{arch}.rope.freq_base", 1_000_000.0)),
-            rope_scale_global=scale,
-            sliding_window=int(meta.get(f"{arch}.attention.sliding_window", 512)),
-            query_pre_attn_scalar=float(qpas),
-            final_logit_softcap=meta.get(f"{arch}.final_logit_softcapping"),
-            sliding_window_pattern=int(pattern),
-            layer_types=layer_types,
-        )
 
     def to_hf_config(self) -> dict[str, Any]:
         """A ``config.json`` for this model as transformers' ``Gemma3ForCausalLM`` reads it."""

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 
 from ..ops.graph import Graph, Op, TensorSpec, WeightSpec
 from .config import ModelConfig
 from .weights import MissingTensorError
+
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+def layer_of(name: str) -> int | None:
+    """The layer index of a GGUF tensor name (``blk.<i>.*``), None for the embedding and final norm."""
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def highest_layer(names: Iterable[str]) -> int | None:
+    """The highest layer index among tensor names, None when none belongs to a layer."""
+    return max((i for n in names if (i := layer_of(n)) is not None), default=None)
 
 
 def required_weights(config: ModelConfig) -> list[str]:

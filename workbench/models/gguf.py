@@ -9,6 +9,7 @@ raises :class:`GGUFError` instead of crashing or allocating a huge buffer.
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..quant.formats import GGMLType, UnsupportedQuantError, block_format
+from .errors import ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
@@ -40,7 +42,7 @@ _SCALARS: dict[int, tuple[str, str]] = {
 _STRING, _ARRAY, _BOOL = 8, 9, 7
 
 
-class GGUFError(ValueError):
+class GGUFError(ModelFormatError):
     """The file is not a valid GGUF file (the message says where and why)."""
 
 
@@ -62,8 +64,9 @@ class TensorInfo:
 class StringArray:
     """A metadata array of strings, decoded on first access (the vocabulary has 262k of them)."""
 
-    def __init__(self, buf: memoryview, offsets: np.ndarray, lengths: np.ndarray, key: str):
-        self._buf, self._offsets, self._lengths, self._key = buf, offsets, lengths, key
+    def __init__(self, buf: memoryview, offsets: np.ndarray, lengths: np.ndarray, where: str):
+        # where: "<file>: metadata '<key>'", for error messages
+        self._buf, self._offsets, self._lengths, self._where = buf, offsets, lengths, where
         self._decoded: list[str] | None = None
 
     def __len__(self) -> int:
@@ -76,9 +79,16 @@ class StringArray:
                 try:
                     out.append(str(buf[o : o + n], "utf-8"))
                 except UnicodeDecodeError as e:
-                    raise GGUFError(f"metadata {self._key!r}[{i}] is not valid UTF-8 ({e.reason})") from None
+                    raise GGUFError(f"{self._where}[{i}] is not valid UTF-8 ({e.reason})") from None
             self._decoded = out
         return self._decoded
+
+    def packed(self) -> memoryview:
+        """The stored bytes from the first string to the end of the last (lengths between them): the
+        array's identity without decoding it."""
+        if not len(self):
+            return self._buf[0:0]
+        return self._buf[int(self._offsets[0]) : int(self._offsets[-1] + self._lengths[-1])]
 
     def raw(self, i: int) -> bytes:
         """The undecoded bytes of element ``i``."""
@@ -134,9 +144,13 @@ class _Cursor:
 
 
 def _string_spans(cur: _Cursor, count: int, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets and lengths of ``count`` consecutive GGUF strings (a tight loop: the vocabulary is 262k)."""
+    """Offsets and lengths of ``count`` consecutive GGUF strings (a tight loop: the vocabulary is 262k).
+
+    Typed arrays, not lists, hold them: 16 bytes a string however many a hostile count claims (the
+    caller bounds the count by the bytes left), where lists would keep two int objects per string.
+    """
     unpack, buf, size, pos = struct.Struct("<Q").unpack_from, cur.buf, cur.size, cur.pos
-    offsets, lengths = [0] * count, [0] * count
+    offsets, lengths = array("q", bytes(8 * count)), array("q", bytes(8 * count))
     for i in range(count):
         if pos + 8 > size:
             cur.pos = pos
@@ -148,7 +162,7 @@ def _string_spans(cur: _Cursor, count: int, key: str) -> tuple[np.ndarray, np.nd
     if pos > size:
         raise GGUFError(f"{cur.path}: strings of {key!r} run past the end of the file: truncated or corrupt")
     cur.pos = pos
-    return np.array(offsets, dtype=np.int64), np.array(lengths, dtype=np.int64)
+    return np.frombuffer(offsets, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64)
 
 
 class GGUFFile:
@@ -189,7 +203,7 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: tensor count {n_tensors} cannot fit in {remaining} bytes")
         infos = [self._tensor_info(cur, i) for i in range(n_tensors)]
         align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise GGUFError(f"{self.path}: general.alignment {align!r} is not a power of two")
         self.alignment = align
         self.data_offset = (cur.pos + align - 1) // align * align
@@ -243,9 +257,9 @@ class GGUFFile:
                         f"{self.path}: array {key!r} of {count} strings runs past the end of the file"
                     )
                 offsets, lengths = _string_spans(cur, count, key)
-                if count <= 64:  # small arrays are decoded now, the vocabulary on first use
-                    return StringArray(cur.buf, offsets, lengths, key).tolist()
-                return StringArray(cur.buf, offsets, lengths, key)
+                strings = StringArray(cur.buf, offsets, lengths, f"{self.path}: metadata {key!r}")
+                # small arrays are decoded now, the vocabulary on first use
+                return strings.tolist() if count <= 64 else strings
             if etype == _ARRAY:
                 if count > remaining // 12:
                     raise GGUFError(

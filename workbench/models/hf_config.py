@@ -12,12 +12,13 @@ does), and every tensor must have the shape the config gives it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from .config import ModelConfig, UnsupportedModelError
-from .gemma3 import weight_shapes
+from .config import ModelConfig
+from .errors import ModelFormatError, UnsupportedModelError
+from .gemma3 import highest_layer, weight_shapes
+from .validate import MAX_LAYERS, Fields, Shapes, check_layer_count, check_shapes
 
 # transformers' Gemma3TextConfig defaults (the same in transformers 4.50 to 5.x)
 TEXT_DEFAULTS: dict[str, Any] = {
@@ -45,58 +46,30 @@ _FIXED = (
     ("attention_bias", False),
     ("use_bidirectional_attention", False),
 )
-_LAYER = re.compile(r"^blk\.(\d+)\.")
-
-Shapes = Mapping[str, tuple[str, tuple[int, ...]]]  # GGUF name -> (name in the file, shape)
-
-
-def layer_of(name: str) -> int | None:
-    """The layer index of a GGUF tensor name (``blk.<i>.*``), None for the embedding and final norm."""
-    m = _LAYER.match(name)
-    return int(m.group(1)) if m else None
+# transformers' layer type names -> ModelConfig's
+LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "global"}
 
 
-def text_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
+def text_config(cfg: Mapping[str, Any], source: str) -> Fields:
     """The text model's fields of a ``config.json`` (a ``gemma3`` config's ``text_config``)."""
-    model_type = cfg.get("model_type")
-    if model_type == "gemma3_text":
-        return dict(cfg)
-    if model_type == "gemma3":
-        text = cfg.get("text_config") or {}
-        if not isinstance(text, Mapping):
-            raise UnsupportedModelError(f"{source}: 'text_config' is {text!r}, not an object")
-        if text.get("model_type", "gemma3_text") != "gemma3_text":
-            raise UnsupportedModelError(
-                f"{source}: text_config.model_type is {text['model_type']!r}, expected 'gemma3_text'"
-            )
-        out = dict(text)
-        if "tie_word_embeddings" not in out and "tie_word_embeddings" in cfg:
-            out["tie_word_embeddings"] = cfg["tie_word_embeddings"]
-        return out
-    raise UnsupportedModelError(
-        f"{source}: unsupported architecture {model_type!r} in config.json (supported: gemma3_text, gemma3)"
-    )
+    top = Fields(cfg, source)
+    if top.choice("model_type", None, ("gemma3_text", "gemma3")) == "gemma3_text":
+        return top
+    text = top.section("text_config")
+    text.choice("model_type", "gemma3_text", ("gemma3_text",))
+    return text
 
 
-def _given(tc: Mapping[str, Any], key: str, source: str) -> int | None:
-    v = tc.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise UnsupportedModelError(f"{source}: config.json {key} is {v!r}, not a positive integer")
-    return v
-
-
-def _sizes(tc: Mapping[str, Any], shapes: Shapes, source: str) -> dict[str, int]:
+def _sizes(tc: Fields, shapes: Shapes) -> dict[str, int]:
     """The size fields: stated ones checked against the tensors, missing ones read from them."""
     sizes: dict[str, int] = {}
 
     def settle(key: str, derived: int | None, tensor: str | None, why: str = "") -> None:
-        given = _given(tc, key, source)
+        given = tc.integer(key, None)
         if given is not None and derived is not None and given != derived:
             hf, shape = shapes[tensor]
-            raise UnsupportedModelError(
-                f"{source}: config.json sets {key} = {given} but tensor {hf!r} has shape {list(shape)}"
+            raise ModelFormatError(
+                f"{tc.source}: {tc.prefix}{key} = {given} but tensor {hf!r} has shape {list(shape)}"
                 f" ({key} = {derived}{why})"
             )
         sizes[key] = given if given is not None else derived if derived is not None else TEXT_DEFAULTS[key]
@@ -116,64 +89,73 @@ def _sizes(tc: Mapping[str, Any], shapes: Shapes, source: str) -> dict[str, int]
     ):
         rows = dim(tensor, 0)
         if rows is not None and rows % hd:
-            raise UnsupportedModelError(
-                f"{source}: tensor {shapes[tensor][0]!r} has {rows} rows, not a multiple of head_dim {hd}"
+            raise ModelFormatError(
+                f"{tc.source}: tensor {shapes[tensor][0]!r} has {rows} rows, not a multiple of head_dim {hd}"
             )
-        settle(key, rows // hd if rows is not None else None, tensor, f" at head_dim {hd}")
+        settle(key, rows // hd if rows else None, tensor, f" at head_dim {hd}")
     settle("intermediate_size", dim("blk.0.ffn_gate.weight", 0), "blk.0.ffn_gate.weight")
-    # a config may run fewer layers than the file holds (as transformers does); never more
-    layers = [i for n in shapes if (i := layer_of(n)) is not None]
-    stated = _given(tc, "num_hidden_layers", source)
-    if stated is not None and layers and stated > max(layers) + 1:
-        raise UnsupportedModelError(
-            f"{source}: config.json sets num_hidden_layers = {stated} but the files hold layers "
-            f"0..{max(layers)} only"
+    stated = tc.integer("num_hidden_layers", None, hi=MAX_LAYERS)
+    if stated is not None:
+        check_layer_count(stated, shapes, f"{tc.prefix}num_hidden_layers", tc.source)
+    highest = highest_layer(shapes)
+    held = highest + 1 if highest is not None and highest < MAX_LAYERS else None
+    sizes["num_hidden_layers"] = stated or held or TEXT_DEFAULTS["num_hidden_layers"]
+    if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
+        tc.fail(
+            "num_key_value_heads",
+            sizes["num_key_value_heads"],
+            f"does not divide num_attention_heads {sizes['num_attention_heads']}",
         )
-    sizes["num_hidden_layers"] = stated or (max(layers) + 1 if layers else TEXT_DEFAULTS["num_hidden_layers"])
+    if hd % 2:
+        tc.fail("head_dim", hd, "odd: RoPE rotates pairs of values")
     return sizes
 
 
-def _rope(tc: Mapping[str, Any], source: str) -> tuple[float, float, float]:
+def _rope(tc: Fields) -> tuple[float, float, float]:
     """(global base, local base, global linear scale) from either rope convention of transformers."""
-    theta_global = tc.get("rope_theta") or TEXT_DEFAULTS["rope_theta"]
-    theta_local = tc.get("rope_local_base_freq") or TEXT_DEFAULTS["rope_local_base_freq"]
-    params = tc.get("rope_parameters")
-    if isinstance(params, Mapping) and "full_attention" in params:  # transformers 5 (per layer type)
-        full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
-        theta_global = full.get("rope_theta", theta_global)
-        theta_local = local.get("rope_theta", theta_local)
-        _rope_type(local, "rope_parameters.sliding_attention", source, linear_ok=False)
-        scaling, where = full, "rope_parameters.full_attention"
-    elif params:
-        raise UnsupportedModelError(
-            f"{source}: config.json rope_parameters is {params!r}; Gemma 3 gives one per layer type "
-            f"(full_attention, sliding_attention)"
-        )
+    theta_global = tc.number("rope_theta", TEXT_DEFAULTS["rope_theta"])
+    theta_local = tc.number("rope_local_base_freq", TEXT_DEFAULTS["rope_local_base_freq"])
+    params = tc.section("rope_parameters")
+    if params.values:  # transformers 5: one set per layer type
+        if not params.has("full_attention"):
+            raise UnsupportedModelError(
+                f"{tc.source}: {tc.prefix}rope_parameters is {dict(params.values)!r}; Gemma 3 gives one per "
+                f"layer type (full_attention, sliding_attention)"
+            )
+        full, local = params.section("full_attention"), params.section("sliding_attention")
+        theta_global = full.number("rope_theta", theta_global)
+        theta_local = local.number("rope_theta", theta_local)
+        _rope_type(local, linear_ok=False)
+        scaling = full
     else:
-        scaling, where = tc.get("rope_scaling") or {}, "rope_scaling"
-    kind = _rope_type(scaling, where, source, linear_ok=True)
-    scale = float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0
-    return float(theta_global), float(theta_local), scale
+        scaling = tc.section("rope_scaling")
+    kind = _rope_type(scaling, linear_ok=True)
+    scale = scaling.number("factor", 1.0) if kind == "linear" else 1.0
+    return theta_global, theta_local, scale
 
 
-def _rope_type(params: Mapping[str, Any], where: str, source: str, linear_ok: bool) -> str:
-    kind = params.get("rope_type", params.get("type", "default"))
+def _rope_type(params: Fields, linear_ok: bool) -> str:
+    kind = params.text("rope_type" if params.has("rope_type") else "type", "default")
     allowed = ("default", "linear") if linear_ok else ("default",)
     if kind not in allowed:
         raise UnsupportedModelError(
-            f"{source}: config.json {where} has rope_type {kind!r} (supported: {', '.join(allowed)})"
+            f"{params.source}: {params.prefix.rstrip('.')} has rope_type {kind!r} "
+            f"(supported: {', '.join(allowed)})"
         )
     return kind
 
 
-def check_shapes(config: ModelConfig, shapes: Shapes, source: str) -> None:
-    """Every text tensor present must have the shape ``config`` gives it (missing ones fail later)."""
-    for name, want in weight_shapes(config).items():
-        if name in shapes and tuple(shapes[name][1]) != tuple(want):
-            hf, got = shapes[name]
-            raise UnsupportedModelError(
-                f"{source}: tensor {hf!r} has shape {list(got)} but the config gives it {list(want)}"
-            )
+def _layer_types(tc: Fields, n_layers: int) -> tuple[str, ...]:
+    """``layer_types`` in ModelConfig's names, or () to derive them from the sliding window pattern."""
+    given = tc.strings("layer_types", [])
+    if not given:
+        return ()
+    unknown = [t for t in given if t not in LAYER_TYPES]
+    if unknown:
+        tc.fail("layer_types", given, f"holds {unknown[0]!r} (Gemma 3 layers: {', '.join(LAYER_TYPES)})")
+    if len(given) != n_layers:
+        tc.fail("layer_types", given, f"names {len(given)} layers, the model runs {n_layers}")
+    return tuple(LAYER_TYPES[t] for t in given)
 
 
 def config_from_hf(cfg: Mapping[str, Any], shapes: Shapes, source: str, name: str = "") -> ModelConfig:
@@ -184,23 +166,16 @@ def config_from_hf(cfg: Mapping[str, Any], shapes: Shapes, source: str, name: st
     """
     tc = text_config(cfg, source)
     for key, runs in _FIXED:
-        if key in tc and tc[key] != runs:
+        if tc.has(key) and tc.values[key] != runs:
             raise UnsupportedModelError(
-                f"{source}: config.json {key} is {tc[key]!r}; this engine runs Gemma 3 with {runs!r}"
+                f"{source}: {tc.prefix}{key} is {tc.values[key]!r}; this engine runs Gemma 3 with {runs!r}"
             )
-    sizes = _sizes(tc, shapes, source)
-    rope_global, rope_local, scale = _rope(tc, source)
-    layer_types = tc.get("layer_types")
-    lt: tuple[str, ...] = ()
-    if layer_types:
-        lt = tuple("sliding" if t == "sliding_attention" else "global" for t in layer_types)
-
-    def get(key: str) -> Any:
-        v = tc.get(key)
-        return TEXT_DEFAULTS[key] if v is None else v
-
+    sizes = _sizes(tc, shapes)
+    rope_global, rope_local, scale = _rope(tc)
+    pattern_key = "sliding_window_pattern" if tc.has("sliding_window_pattern") else "_sliding_window_pattern"
+    top = Fields(cfg, source)
     config = ModelConfig(
-        name=name or str(cfg.get("_name_or_path") or "gemma3"),
+        name=name or top.text("_name_or_path", "") or "gemma3",
         n_layers=sizes["num_hidden_layers"],
         hidden=sizes["hidden_size"],
         ffn=sizes["intermediate_size"],
@@ -208,24 +183,21 @@ def config_from_hf(cfg: Mapping[str, Any], shapes: Shapes, source: str, name: st
         n_kv_heads=sizes["num_key_value_heads"],
         head_dim=sizes["head_dim"],
         vocab_size=sizes["vocab_size"],
-        context_length=int(get("max_position_embeddings")),
-        rms_eps=float(get("rms_norm_eps")),
+        context_length=tc.integer("max_position_embeddings", TEXT_DEFAULTS["max_position_embeddings"]),
+        rms_eps=tc.number("rms_norm_eps", TEXT_DEFAULTS["rms_norm_eps"]),
         rope_base_global=rope_global,
         rope_base_local=rope_local,
         rope_scale_global=scale,
-        sliding_window=int(get("sliding_window")),
-        sliding_window_pattern=int(
-            tc.get("sliding_window_pattern")
-            or tc.get("_sliding_window_pattern")
-            or TEXT_DEFAULTS["sliding_window_pattern"]
-        ),
-        query_pre_attn_scalar=float(get("query_pre_attn_scalar")),
-        final_logit_softcap=tc.get("final_logit_softcapping"),
-        tie_embeddings=bool(get("tie_word_embeddings")),
-        layer_types=lt,
+        sliding_window=tc.integer("sliding_window", TEXT_DEFAULTS["sliding_window"]),
+        sliding_window_pattern=tc.integer(pattern_key, TEXT_DEFAULTS["sliding_window_pattern"]),
+        query_pre_attn_scalar=tc.number("query_pre_attn_scalar", TEXT_DEFAULTS["query_pre_attn_scalar"]),
+        final_logit_softcap=tc.number("final_logit_softcapping", None),
+        # a gemma3 config may state it beside text_config rather than in it
+        tie_embeddings=tc.flag("tie_word_embeddings", top.flag("tie_word_embeddings", True)),
+        layer_types=_layer_types(tc, sizes["num_hidden_layers"]),
     )
-    check_shapes(config, shapes, source)
+    check_shapes(weight_shapes(config), shapes, source)
     return config
 
 
-__all__ = ["TEXT_DEFAULTS", "check_shapes", "config_from_hf", "layer_of", "text_config"]
+__all__ = ["LAYER_TYPES", "TEXT_DEFAULTS", "config_from_hf", "text_config"]

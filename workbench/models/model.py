@@ -2,31 +2,67 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..ops.graph import Graph, WeightSpec
 from .config import ModelConfig
 from .gemma3 import build_graph
 from .gguf import GGUFFile
+from .gguf_config import config_from_gguf
 from .safetensors_dir import load_hf_dir
 from .tokenizer import Tokenizer
+from .validate import Fields
 from .weights import QTensor, Weights
 
 
-@dataclass
+class TokenizerLoader:
+    """How to build a model's tokenizer when it is first needed (describing a model needs none)."""
+
+    def __init__(self, build: Callable[[], Tokenizer]):
+        self.build = build
+
+
+class _LazyTokenizer:
+    """The ``tokenizer`` field of :class:`Model`: a :class:`Tokenizer`, or a :class:`TokenizerLoader`
+    run on first access (its error, e.g. no tokenizer file, raised then and again on each access)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}_value"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Tokenizer:
+        if obj is None:
+            raise AttributeError("tokenizer")  # no class-level default: the field is required
+        value = obj.__dict__[self.slot]
+        if isinstance(value, TokenizerLoader):
+            value = obj.__dict__[self.slot] = value.build()
+        return value
+
+    def __set__(self, obj: Any, value: Tokenizer | TokenizerLoader) -> None:
+        obj.__dict__[self.slot] = value
+
+
+@dataclass(repr=False)
 class Model:
     """Everything the engine needs from a model source.
 
     ``kind`` is ``gguf``, ``hf`` or ``synthetic`` (random weights of the real shapes: results on it say so).
+    ``tokenizer`` may be given as a :class:`TokenizerLoader`: it is built on first use. ``metadata`` is
+    the GGUF file's key/values (empty for other sources).
     """
 
     config: ModelConfig
     weights: Weights
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer = _LazyTokenizer()  # a descriptor that gives no default: the field is required
     source: str
     kind: str
     _graphs: dict[tuple[int, int], Graph] = field(default_factory=dict, repr=False)
+    metadata: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:  # without the tokenizer: showing a model must not build it
+        return f"{type(self).__name__}({self.config.name!r}, {self.kind}, {self.source!r})"
 
     @property
     def name(self) -> str:
@@ -73,16 +109,21 @@ def _gguf_loader(gguf: GGUFFile, name: str):
 
 
 def load_gguf(path: str | Path, kind: str = "gguf", name: str = "") -> Model:
+    """A GGUF file's config and tensor index, checked; tensor data and tokenizer are read when used."""
     gguf = GGUFFile(path)
-    if gguf.metadata.get("workbench.synthetic"):  # written by `workbench synth`: random weights
+    if Fields(gguf.metadata, str(path)).integer("workbench.synthetic", 0, lo=0):  # written by `synth`
         kind = "synthetic"
-    config = ModelConfig.from_gguf_metadata(gguf.metadata, name=name)
+    shapes = {n: (n, info.shape) for n, info in gguf.tensors.items()}
+    config = config_from_gguf(gguf.metadata, shapes, str(path), name=name)
     tensors = {
         n: QTensor(n, info.type, info.shape, _gguf_loader(gguf, n)) for n, info in gguf.tensors.items()
     }
-    return Model(config, Weights(tensors, str(path)), Tokenizer.from_gguf(gguf), str(path), kind)
+    tokenizer = TokenizerLoader(lambda: Tokenizer.from_gguf(gguf))
+    return Model(config, Weights(tensors, str(path)), tokenizer, str(path), kind, metadata=gguf.metadata)
 
 
 def load_hf(path: str | Path) -> Model:
+    """A Hugging Face directory's config and tensor headers, checked; data and tokenizer read when used."""
     config, tensors = load_hf_dir(path)
-    return Model(config, Weights(tensors, str(path)), Tokenizer.from_hf_dir(path), str(path), "hf")
+    tokenizer = TokenizerLoader(lambda: Tokenizer.from_hf_dir(path))
+    return Model(config, Weights(tensors, str(path)), tokenizer, str(path), "hf")

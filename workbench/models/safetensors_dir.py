@@ -8,70 +8,83 @@ raises :class:`SafetensorsError` instead of reading out of bounds.
 from __future__ import annotations
 
 import itertools
-import json
+import math
 import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..quant.formats import GGMLType
-from .config import ModelConfig, UnsupportedModelError
-from .hf_config import config_from_hf, layer_of
+from .config import ModelConfig
+from .errors import ModelFormatError
+from .gemma3 import layer_of
+from .hf_config import config_from_hf
+from .validate import Fields, is_int, parse_json, read_json, show
 from .weights import QTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 _DTYPES = {"F32": (GGMLType.F32, 4), "F16": (GGMLType.F16, 2), "BF16": (GGMLType.BF16, 2)}
 
 
-class SafetensorsError(ValueError):
+class SafetensorsError(ModelFormatError):
     """A safetensors file or index is invalid (the message says which and why)."""
 
 
-def read_header(path: Path) -> tuple[dict, int, int]:
-    """(tensor entries, data start offset, file size) of one safetensors file, validated."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise SafetensorsError(f"{path}: too short to be a safetensors file ({size} bytes)")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER_BYTES or 8 + n > size:
-            raise SafetensorsError(f"{path}: header length {n} is impossible for a file of {size} bytes")
-        raw = f.read(n)
+def _entry(name: str, e: Any, data_size: int, path: Path) -> tuple[str, list[int], int, int]:
+    """(dtype, shape, start, end) of one header entry, each checked: integers, a known dtype, and a
+    byte range inside the data section that holds exactly the shape's values."""
+    if not isinstance(e, dict):
+        raise SafetensorsError(f"{path}: header entry {name!r} is malformed (not an object)")
+    dtype, shape, offsets = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+    if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list):
+        raise SafetensorsError(f"{path}: header entry {name!r} is malformed (dtype, shape or data_offsets)")
+    if len(offsets) != 2:
+        raise SafetensorsError(f"{path}: header entry {name!r} is malformed ({len(offsets)} data_offsets)")
+    if not all(is_int(v) for v in [*shape, *offsets]):
+        raise SafetensorsError(f"{path}: header entry {name!r} is malformed (non-integer shape or offsets)")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise SafetensorsError(f"{path}: tensor {name!r} has dtype {dtype[:60]} (supported: F32, F16, BF16)")
+    if any(d < 0 for d in shape):
+        raise SafetensorsError(f"{path}: tensor {name!r} has a negative dimension {shape}")
+    lo, hi = offsets
+    nbytes = math.prod(shape) * _DTYPES[dtype][1]
+    if not 0 <= lo <= hi <= data_size or hi - lo != nbytes:
+        raise SafetensorsError(
+            f"{path}: tensor {name!r} claims bytes {lo}..{hi} for shape {show(shape)} {dtype} "
+            f"({nbytes} bytes) but the data section has {data_size} bytes: the header lies"
+        )
+    return dtype, shape, lo, hi
+
+
+def read_header(path: Path) -> tuple[dict[str, tuple[str, list[int], int, int]], int, int]:
+    """({name: (dtype, shape, start, end)}, data start offset, file size) of one safetensors file,
+    validated; offsets are relative to the data start."""
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SafetensorsError(f"{path}: header is not valid JSON ({e})") from None
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise SafetensorsError(f"{path}: too short to be a safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or 8 + n > size:
+                raise SafetensorsError(f"{path}: header length {n} is impossible for a file of {size} bytes")
+            raw = f.read(n)
+    except OSError as e:
+        raise SafetensorsError(f"{path}: cannot be read ({e.strerror or e})") from None
+    header = parse_json(raw, f"{path}: header", SafetensorsError)
     if not isinstance(header, dict):
         raise SafetensorsError(f"{path}: header is not a JSON object")
     header.pop("__metadata__", None)
     start, data_size = 8 + n, size - 8 - n
-    spans = []
-    for name, e in header.items():
-        try:
-            dtype, shape, (lo, hi) = e["dtype"], [int(d) for d in e["shape"]], e["data_offsets"]
-            lo, hi = int(lo), int(hi)
-        except (KeyError, TypeError, ValueError):
-            raise SafetensorsError(f"{path}: header entry {name!r} is malformed") from None
-        if dtype not in _DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name!r} has dtype {dtype} (supported: F32, F16, BF16)")
-        if any(d < 0 for d in shape):
-            raise SafetensorsError(f"{path}: tensor {name!r} has a negative dimension {shape}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][1]
-        if not 0 <= lo <= hi <= data_size or hi - lo != nbytes:
-            raise SafetensorsError(
-                f"{path}: tensor {name!r} claims bytes {lo}..{hi} for shape {shape} {dtype} ({nbytes} bytes) "
-                f"but the data section has {data_size} bytes: the header lies"
-            )
-        spans.append((lo, hi, name))
-    spans.sort()
+    entries = {name: _entry(name, e, data_size, path) for name, e in header.items()}
+    spans = sorted((lo, hi, name) for name, (_, _, lo, hi) in entries.items())
     for (_lo1, hi1, n1), (lo2, _, n2) in itertools.pairwise(spans):
         if lo2 < hi1:
             raise SafetensorsError(f"{path}: tensors {n1!r} and {n2!r} overlap in the file")
-    return header, start, size
+    return entries, start, size
 
 
 # Hugging Face Gemma 3 names -> GGUF names; True where the tensor is an RMSNorm weight (stored as w, used as 1+w)
@@ -120,16 +133,18 @@ def gguf_name(hf_name: str) -> tuple[str, bool] | None:
 def _shard_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise SafetensorsError(f"{index}: invalid index ({e})") from None
+        doc = read_json(index, SafetensorsError)
+        if not isinstance(doc, dict):
+            raise SafetensorsError(f"{index}: is {show(doc)}, not a JSON object")
+        weight_map = Fields(doc, str(index), error=SafetensorsError).section("weight_map").values
         files = []
         for f in dict.fromkeys(weight_map.values()):
+            if not isinstance(f, str) or not f or "\0" in f:
+                raise SafetensorsError(f"{index}: shard {show(f)} is not a file name")
             p = (path / f).resolve()
             if p.parent != path.resolve():
                 raise SafetensorsError(f"{index}: shard {f!r} is outside the model directory")
-            if not p.exists():
+            if not p.is_file():
                 raise SafetensorsError(f"{index}: shard {f!r} is missing")
             files.append(p)
         return files
@@ -162,18 +177,15 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
-        raise UnsupportedModelError(f"{path}: no config.json (not a Hugging Face model directory)")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise UnsupportedModelError(f"{cfg_file}: invalid JSON ({e})") from None
+        raise ModelFormatError(f"{path}: no config.json (not a Hugging Face model directory)")
+    cfg = read_json(cfg_file)
     if not isinstance(cfg, dict):
-        raise UnsupportedModelError(f"{cfg_file}: not a JSON object")
+        raise ModelFormatError(f"{cfg_file}: is {show(cfg)}, not a JSON object")
     found: dict[str, _Entry] = {}
     for file in _shard_files(path):
         header, start, _ = read_header(file)
         mm = np.memmap(file, dtype=np.uint8, mode="r")
-        for hf_name, e in header.items():
+        for hf_name, (dtype, dims, lo, hi) in header.items():
             mapped = gguf_name(hf_name)
             if mapped is None:
                 continue
@@ -184,9 +196,9 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
                     f"{file}: tensor {hf_name!r} is the text model's {name!r}, and so is "
                     f"{first.hf_name!r} in {first.file.name}"
                 )
-            lo, hi = (start + int(x) for x in e["data_offsets"])
-            shape = tuple(int(d) for d in e["shape"]) or (1,)
-            found[name] = _Entry(hf_name, file, _DTYPES[e["dtype"]][0], shape, _loader(mm, lo, hi), is_norm)
+            shape = tuple(dims) or (1,)
+            loader = _loader(mm, start + lo, start + hi)
+            found[name] = _Entry(hf_name, file, _DTYPES[dtype][0], shape, loader, is_norm)
     shapes = {n: (t.hf_name, t.shape) for n, t in found.items()}
     config = config_from_hf(cfg, shapes, str(cfg_file), name=path.name)
     tensors = {

@@ -22,13 +22,13 @@ import sentencepiece as spm
 
 from ..paths import cache_dir
 from . import spm_proto as P
+from .errors import TokenizerDataError, TokenizerError
 from .gguf import GGUFError, GGUFFile, StringArray
+from .gguf_writer import VocabSpec
+from .validate import Fields, is_int, read_json, show
+from .vocab import gguf_vocab
 
 CHAT_TEMPLATE_NAME = "gemma3"
-
-
-class TokenizerError(ValueError):
-    """The tokenizer data are missing or invalid."""
 
 
 class Tokenizer:
@@ -145,63 +145,26 @@ class Tokenizer:
     # -- construction ----------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> Tokenizer:
-        meta = gguf.metadata
-        model = meta.get("tokenizer.ggml.model")
-        if model != "llama":
-            raise TokenizerError(
-                f"{gguf.path}: tokenizer model {model!r} is not supported (expected SPM 'llama')"
-            )
-        tokens = meta.get("tokenizer.ggml.tokens")
-        scores = meta.get("tokenizer.ggml.scores")
-        types = meta.get("tokenizer.ggml.token_type")
-        if tokens is None or scores is None or types is None:
-            raise TokenizerError(f"{gguf.path}: tokenizer tokens, scores or token types are missing")
-        n = len(tokens)
-        if len(scores) != n or len(types) != n:
-            raise TokenizerError(
-                f"{gguf.path}: tokenizer arrays differ in length ({n}, {len(scores)}, {len(types)})"
-            )
-        ids = {
-            k: int(meta.get(f"tokenizer.ggml.{k}_token_id", d))
-            for k, d in (("bos", 2), ("eos", 1), ("unknown", 3), ("padding", 0))
-        }
-        for k, v in ids.items():
-            if not 0 <= v < n:
-                raise TokenizerError(f"{gguf.path}: {k} token id {v} is outside the vocabulary of {n}")
-        key = _vocab_key(tokens, np.asarray(scores), np.asarray(types), ids)
+        """From a GGUF file's ``tokenizer.ggml.*`` metadata (the serialized model cached on disk)."""
+        source = str(gguf.path)
+        vocab = gguf_vocab(gguf.metadata, source)
+        space = Fields(gguf.metadata, source, error=TokenizerDataError).flag(
+            "tokenizer.ggml.add_space_prefix", False
+        )
+        types = np.asarray(vocab.types)
+        ids = {"bos": vocab.bos_id, "eos": vocab.eos_id, "unknown": vocab.unk_id, "padding": vocab.pad_id}
+        key = _vocab_key(vocab.tokens, np.asarray(vocab.scores), types, {**ids, "space": space})
         cached = cache_dir("tokenizers") / f"{key}.model"
         if cached.exists():
-            proto = cached.read_bytes()
+            sp = _load_proto(cached.read_bytes(), str(cached))
         else:
-            pieces = tokens.tolist() if isinstance(tokens, StringArray) else list(tokens)
-            tlist = [int(t) for t in types]
-            tlist[ids["unknown"]] = P.UNKNOWN
-            pieces = [p.replace(" ", "\u2581") if t == P.USER_DEFINED else p for p, t in zip(pieces, tlist)]
-            proto = P.model_proto(
-                pieces,
-                np.asarray(scores, dtype=np.float32).tolist(),
-                tlist,
-                unk_id=ids["unknown"],
-                bos_id=ids["bos"],
-                eos_id=ids["eos"],
-                pad_id=ids["padding"],
-                special_pieces={
-                    k: pieces[ids[g]]
-                    for k, g in (("unk", "unknown"), ("bos", "bos"), ("eos", "eos"), ("pad", "padding"))
-                },
-                add_dummy_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", False)),
-            )
-            _atomic_write(cached, proto)
-        tarr = np.asarray(types)
-        specials = np.flatnonzero((tarr == P.CONTROL) | (tarr == P.UNKNOWN)).tolist()
-        if ids["unknown"] not in specials:
-            specials.append(ids["unknown"])
-        return cls(
-            _load_proto(proto, str(gguf.path)),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
-            source=f"gguf:{gguf.path}",
-            special_ids=specials,
-        )
+            proto = _gguf_proto(vocab, space, source)
+            sp = _load_proto(proto, source)
+            _atomic_write(cached, proto)  # only a model SentencePiece accepts is cached
+        specials = np.flatnonzero((types == P.CONTROL) | (types == P.UNKNOWN)).tolist()
+        if vocab.unk_id not in specials:
+            specials.append(vocab.unk_id)
+        return cls(sp, add_bos=vocab.add_bos, source=f"gguf:{gguf.path}", special_ids=specials)
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> Tokenizer:
@@ -210,9 +173,11 @@ class Tokenizer:
         add_bos = _hf_add_bos(path)
         model_file = path / "tokenizer.model"
         if model_file.exists():
-            return cls(
-                _load_proto(model_file.read_bytes(), str(model_file)), add_bos=add_bos, source=str(model_file)
-            )
+            try:
+                proto = model_file.read_bytes()
+            except OSError as e:
+                raise TokenizerDataError(f"{model_file}: cannot be read ({e.strerror or e})") from None
+            return cls(_load_proto(proto, str(model_file)), add_bos=add_bos, source=str(model_file))
         json_file = path / "tokenizer.json"
         if json_file.exists():
             return cls(
@@ -220,7 +185,38 @@ class Tokenizer:
                 add_bos=add_bos,
                 source=str(json_file),
             )
-        raise TokenizerError(f"{path}: no tokenizer.model or tokenizer.json")
+        raise TokenizerDataError(
+            f"{path}: no tokenizer.model or tokenizer.json (text generation needs a tokenizer; "
+            f"describing the model does not)"
+        )
+
+
+def hf_tokenizer_file(path: str | Path) -> Path | None:
+    """The tokenizer file :meth:`Tokenizer.from_hf_dir` would read in ``path``, or None."""
+    for name in ("tokenizer.model", "tokenizer.json"):
+        if (Path(path) / name).exists():
+            return Path(path) / name
+    return None
+
+
+BYTE_PIECES = frozenset(f"<0x{b:02X}>" for b in range(256))
+
+
+def byte_fallback(pieces: Sequence[str], types: Sequence[int], where: str) -> bool:
+    """Whether the vocabulary can fall back to bytes: it holds all 256 byte pieces ``<0x00>``..``<0xFF>``
+    (as llama.cpp, a vocabulary without them encodes unknown text as ``<unk>``; a part of them is an
+    error: SentencePiece takes all or none)."""
+    found = {p for p, t in zip(pieces, types) if t == P.BYTE}
+    n_typed = sum(1 for t in types if t == P.BYTE)
+    if not n_typed:
+        return False
+    if found != BYTE_PIECES or n_typed != 256:
+        odd = sorted(found - BYTE_PIECES)[:1] or sorted(BYTE_PIECES - found)[:1] or ["a repeated one"]
+        raise TokenizerDataError(
+            f"{where}: {n_typed} pieces are typed BYTE (byte fallback takes exactly <0x00>..<0xFF>, "
+            f"or none); {odd[0]!r} is not as expected"
+        )
+    return True
 
 
 class StreamDecoder:
@@ -237,26 +233,48 @@ class StreamDecoder:
         return self._dec.decode(b"", final=True)
 
 
+def _gguf_proto(vocab: VocabSpec, add_space_prefix: bool, source: str) -> bytes:
+    """The serialized SentencePiece model of a GGUF vocabulary, with llama.cpp's conventions: the
+    unknown piece typed UNKNOWN, spaces of user-defined pieces written as '▁', byte fallback only
+    where the 256 byte pieces exist."""
+    types = [int(t) for t in vocab.types]
+    types[vocab.unk_id] = P.UNKNOWN
+    pieces = [p.replace(" ", "\u2581") if t == P.USER_DEFINED else p for p, t in zip(vocab.tokens, types)]
+    ids = {"unk": vocab.unk_id, "bos": vocab.bos_id, "eos": vocab.eos_id, "pad": vocab.pad_id}
+    return P.model_proto(
+        pieces,
+        np.asarray(vocab.scores, dtype=np.float32).tolist(),
+        types,
+        unk_id=vocab.unk_id,
+        bos_id=vocab.bos_id,
+        eos_id=vocab.eos_id,
+        pad_id=vocab.pad_id,
+        special_pieces={k: pieces[i] for k, i in ids.items()},
+        byte_fallback=byte_fallback(pieces, types, f"{source}: tokenizer.ggml.tokens"),
+        add_dummy_prefix=add_space_prefix,
+    )
+
+
 def _load_proto(proto: bytes, where: str) -> spm.SentencePieceProcessor:
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(proto)
     except (RuntimeError, OSError) as e:
-        raise TokenizerError(f"{where}: invalid sentencepiece model ({e})") from None
+        raise TokenizerDataError(f"{where}: invalid sentencepiece model ({e})") from None
     return sp
 
 
 def _vocab_key(tokens, scores: np.ndarray, types: np.ndarray, ids: dict[str, int]) -> str:
+    """The cache key of a GGUF vocabulary's serialized model (``ids`` holds every other setting)."""
     h = hashlib.blake2b(digest_size=16)
-    if isinstance(tokens, StringArray) and len(tokens):
-        first, last = int(tokens._offsets[0]), int(tokens._offsets[-1] + tokens._lengths[-1])
-        h.update(tokens._buf[first:last])
+    if isinstance(tokens, StringArray):
+        h.update(tokens.packed())
     else:
         h.update("\0".join(tokens).encode("utf-8", "surrogatepass"))
     h.update(np.ascontiguousarray(scores, dtype="<f4").tobytes())
     h.update(np.ascontiguousarray(types, dtype="<i4").tobytes())
     h.update(json.dumps(ids, sort_keys=True).encode())
-    h.update(b"v2")
+    h.update(b"v3")  # v3: byte fallback only with the byte pieces
     return h.hexdigest()
 
 
@@ -268,15 +286,47 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def _hf_add_bos(path: Path) -> bool:
     cfg = path / "tokenizer_config.json"
-    if cfg.exists():
-        try:
-            return bool(json.loads(cfg.read_text()).get("add_bos_token", True))
-        except json.JSONDecodeError as e:
-            raise TokenizerError(f"{cfg}: invalid JSON ({e})") from None
-    return True
+    if not cfg.exists():
+        return True
+    doc = read_json(cfg, TokenizerDataError)
+    if not isinstance(doc, dict):
+        raise TokenizerDataError(f"{cfg}: is {show(doc)}, not a JSON object")
+    return Fields(doc, str(cfg), error=TokenizerDataError).flag("add_bos_token", True)
 
 
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+
+def _tokenizer_json(path: Path) -> tuple[Fields, dict[str, int], list[Fields]]:
+    """(the BPE model's fields, its vocabulary, the added tokens) of a ``tokenizer.json``, checked: ids
+    are integers below the number of pieces it names."""
+    data = read_json(path, TokenizerDataError)
+    if not isinstance(data, dict):
+        raise TokenizerDataError(f"{path}: is {show(data)}, not a JSON object")
+    top = Fields(data, str(path), error=TokenizerDataError)
+    model = top.section("model")
+    if model.text("type", "") != "BPE":
+        model.unsupported("type", model.values.get("type"), "this engine reads BPE tokenizers only")
+    vocab = model.section("vocab").values
+    added_raw = top.sequence("added_tokens", [])
+    added = [
+        Fields(a, str(path), f"added_tokens[{i}].", TokenizerDataError)
+        for i, a in enumerate(added_raw)
+        if isinstance(a, dict)
+    ]
+    if len(added) != len(added_raw):
+        top.fail("added_tokens", added_raw, "not a list of objects")
+    n = len(vocab) + len(added)  # no id may reach past the pieces named: it bounds the table
+    if not vocab:
+        model.fail("vocab", vocab, "empty")
+    for piece, i in vocab.items():
+        if not is_int(i) or not 0 <= i < n:
+            model.fail(f"vocab[{piece[:40]!r}]", i, f"not a token id in 0..{n - 1}")
+    for a in added:
+        a.integer("id", lo=0, hi=n - 1)
+        a.text("content")
+        a.flag("special", False)
+    return model, vocab, added
 
 
 def _proto_from_tokenizer_json(path: Path) -> bytes:
@@ -285,17 +335,8 @@ def _proto_from_tokenizer_json(path: Path) -> bytes:
     Scores are ``-id`` for normal pieces: Gemma's SentencePiece scores decrease with id, so merge
     priorities are preserved.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        model = data["model"]
-        vocab: dict[str, int] = model["vocab"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise TokenizerError(f"{path}: not a tokenizer.json with a BPE vocabulary ({e})") from None
-    if model.get("type") != "BPE":
-        raise TokenizerError(
-            f"{path}: tokenizer model type {model.get('type')!r} is not supported (BPE only)"
-        )
-    n = max(vocab.values()) + 1
+    model, vocab, added = _tokenizer_json(path)
+    n = max([*vocab.values(), *(a.values["id"] for a in added)]) + 1
     pieces = [""] * n
     for piece, i in vocab.items():
         pieces[i] = piece
@@ -305,28 +346,38 @@ def _proto_from_tokenizer_json(path: Path) -> bytes:
             types[i] = P.BYTE
         elif p == "":
             pieces[i], types[i] = f"<unused_empty_{i}>", P.UNUSED
-    for added in data.get("added_tokens", []):
-        i = int(added["id"])
-        if i >= n:
-            raise TokenizerError(f"{path}: added token id {i} is outside the vocabulary")
-        pieces[i] = added["content"]
-        types[i] = P.CONTROL if added.get("special") else P.USER_DEFINED
-    unk = vocab.get(model.get("unk_token") or "<unk>", 3)
+    for a in added:
+        i = a.values["id"]
+        pieces[i] = a.values["content"]
+        types[i] = P.CONTROL if a.flag("special", False) else P.USER_DEFINED
+    unk = vocab.get(model.text("unk_token", "") or "<unk>", 3)
+    if unk >= n:
+        model.fail("unk_token", model.values.get("unk_token"), f"no piece of it, and id 3 is past {n} pieces")
     types[unk] = P.UNKNOWN
     pieces = [p.replace(" ", "\u2581") if t == P.USER_DEFINED else p for p, t in zip(pieces, types)]
     scores = [0.0 if t == P.BYTE else (-float(i) if t == P.NORMAL else -1000.0) for i, t in enumerate(types)]
     get = {p: vocab.get(p) for p in ("<bos>", "<eos>", "<pad>")}
+    fallback = model.flag("byte_fallback", True) and byte_fallback(pieces, types, f"{path}: model.vocab")
     return P.model_proto(
         pieces,
         scores,
         types,
         unk_id=unk,
-        bos_id=get["<bos>"] if get["<bos>"] is not None else 2,
-        eos_id=get["<eos>"] if get["<eos>"] is not None else 1,
+        bos_id=get["<bos>"] if get["<bos>"] is not None else min(2, n - 1),
+        eos_id=get["<eos>"] if get["<eos>"] is not None else min(1, n - 1),
         pad_id=get["<pad>"] if get["<pad>"] is not None else 0,
         special_pieces={"unk": pieces[unk], "bos": "<bos>", "eos": "<eos>", "pad": "<pad>"},
-        byte_fallback=bool(model.get("byte_fallback", True)),
+        byte_fallback=fallback,
     )
 
 
-__all__ = ["GGUFError", "StreamDecoder", "Tokenizer", "TokenizerError"]
+__all__ = [
+    "BYTE_PIECES",
+    "GGUFError",
+    "StreamDecoder",
+    "Tokenizer",
+    "TokenizerDataError",
+    "TokenizerError",
+    "byte_fallback",
+    "hf_tokenizer_file",
+]

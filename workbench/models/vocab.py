@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from . import spm_proto as P
+from .errors import TokenizerDataError
 from .gguf import GGUFFile
 from .gguf_writer import VocabSpec
+from .validate import Fields
 
 FORMAT = "workbench-vocab"
 VERSION = 1
@@ -34,21 +36,49 @@ class VocabFileError(ValueError):
     """A vocabulary file is unreadable or inconsistent (the message names the file, key and value)."""
 
 
+def gguf_vocab(meta: Mapping[str, Any], source: str) -> VocabSpec:
+    """The vocabulary in GGUF ``tokenizer.ggml.*`` metadata, every key checked (a SentencePiece
+    ``llama`` model; tokens, scores and types of one length; types known; special ids inside the
+    vocabulary). A large token array stays undecoded (a :class:`StringArray`)."""
+    f = Fields(meta, source, error=TokenizerDataError)
+    model = f.text("tokenizer.ggml.model")
+    if model != "llama":
+        f.unsupported("tokenizer.ggml.model", model, "this engine supports SentencePiece models ('llama')")
+    tokens = f.strings("tokenizer.ggml.tokens")
+    n = len(tokens)
+    if not n:
+        f.fail("tokenizer.ggml.tokens", tokens, "empty")
+    scores = f.numbers("tokenizer.ggml.scores", n)
+    types = f.numbers("tokenizer.ggml.token_type", n, integers=True)
+    bad = np.flatnonzero(~np.isin(types, sorted(_TYPES)))
+    if len(bad):
+        i = int(bad[0])
+        f.fail("tokenizer.ggml.token_type", types, f"token {i} has type {types[i]} (types: {sorted(_TYPES)})")
+    ids = {
+        k: f.integer(f"tokenizer.ggml.{key}_token_id", default, lo=0, hi=n - 1)
+        for k, key, default in (
+            ("bos_id", "bos", 2),
+            ("eos_id", "eos", 1),
+            ("unk_id", "unknown", 3),
+            ("pad_id", "padding", 0),
+        )
+    }
+    add_bos = f.flag("tokenizer.ggml.add_bos_token", True)
+    return VocabSpec(tokens, scores, types, add_bos=add_bos, **ids)
+
+
 def vocab_from_gguf(gguf: GGUFFile) -> VocabSpec:
-    """The vocabulary stored in a GGUF file's ``tokenizer.ggml.*`` metadata."""
-    meta = gguf.metadata
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
-        if key not in meta:
-            raise VocabFileError(f"{gguf.path}: GGUF metadata has no {key!r}")
+    """The vocabulary stored in a GGUF file's ``tokenizer.ggml.*`` metadata, as lists."""
+    v = gguf_vocab(gguf.metadata, str(gguf.path))
     return VocabSpec(
-        tokens=meta["tokenizer.ggml.tokens"].tolist(),
-        scores=np.asarray(meta["tokenizer.ggml.scores"], dtype=np.float32).tolist(),
-        types=np.asarray(meta["tokenizer.ggml.token_type"]).astype(int).tolist(),
-        bos_id=int(meta.get("tokenizer.ggml.bos_token_id", 2)),
-        eos_id=int(meta.get("tokenizer.ggml.eos_token_id", 1)),
-        unk_id=int(meta.get("tokenizer.ggml.unknown_token_id", 3)),
-        pad_id=int(meta.get("tokenizer.ggml.padding_token_id", 0)),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+        list(v.tokens),
+        np.asarray(v.scores, dtype=np.float32).tolist(),
+        np.asarray(v.types).astype(int).tolist(),
+        v.bos_id,
+        v.eos_id,
+        v.unk_id,
+        v.pad_id,
+        v.add_bos,
     )
 
 
@@ -156,6 +186,7 @@ __all__ = [
     "VocabFileError",
     "fit_vocab",
     "generated_vocab",
+    "gguf_vocab",
     "read_vocab_file",
     "vocab_from_gguf",
     "write_vocab_file",
