@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 import pytest
+import safetensors_edit
 from gguf_edit import ARRAY, BOOL, F32, I32, STRING, U8, U32, U64, encode_value, read_parts
 from tiny import TINY, tiny_vocab, tiny_weights, write_tiny_gguf, write_tiny_hf
 
@@ -306,15 +307,6 @@ def _load_unnamed(folder):
     return config_from_hf(json.loads((folder / "config.json").read_text()), {}, str(folder / "config.json"))
 
 
-def _rewrite_header(path, mutate):
-    blob = path.read_bytes()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8 : 8 + n])
-    mutate(header)
-    new = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(new)) + new + blob[8 + n :])
-
-
 @pytest.mark.parametrize(
     "mutate, message",
     [
@@ -335,7 +327,10 @@ def _rewrite_header(path, mutate):
     ],
 )
 def test_bad_safetensors_entry_is_named(hf_copy, mutate, message):
-    _rewrite_header(hf_copy / "model.safetensors", mutate)
+    st = hf_copy / "model.safetensors"
+    header, data = safetensors_edit.split(st.read_bytes())
+    mutate(header)
+    st.write_bytes(safetensors_edit.join(header, data))
     with pytest.raises(ModelFormatError, match=message):
         wb.load(hf_copy)
 
