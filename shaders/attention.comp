@@ -50,6 +50,12 @@ void main() {
     uint lo = (pc.window > 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint begin = lo + s * pc.split_keys;
     uint end = min(p + 1u, begin + pc.split_keys);
+#ifndef FUSED_COMBINE
+    // the grid covers the cache's capacity (recorded once, replayed at every position): a split past the
+    // query's last key has nothing to write, since the merge reads only the splits holding keys (splits_used).
+    // With FUSED_COMBINE every split must still count itself in.
+    if (begin >= end) return;
+#endif
     // this lane's slice of the G query vectors (dims 4 * (i * SG + lane) .. + 3)
     vec4 q[G][QV];
     uint qb = (pc.q_off + tg * pc.q_stride + kvh * G * HD) / 4u;

@@ -392,3 +392,19 @@ def test_spirv_cache_is_reused(tmp_path, monkeypatch):
     files = list(Path(tmp_path).glob("*.spv"))
     assert len(files) == 1 and files[0].read_bytes() == a
     assert shaders.compile_shader("eltwise", ["OP_ADD"]) == a
+
+
+@pytest.mark.parametrize("tune", ["", "attention.fused_combine=1"])
+def test_attention_splits_past_the_context(tiny, tune):
+    """The attention grid covers the cache's capacity (recorded once per step shape): decoding at positions
+    below one split's keys, every split of a global layer but the first holds no keys (returns at once
+    without partials; with the fused merge it still counts itself in). Logits equal numpy's."""
+    ev = compare(tiny, TOKENS[:3], decode=4, tune=tune)
+    splits = [
+        d.push["n_split"]
+        for p in ev.backend.programs.values()
+        for d in p.dispatches
+        if d.kernel == "attention" and not d.push["window"]
+    ]
+    split_keys = ev.backend.tuning["attention.split_keys"]
+    assert max(splits) == tiny.config.context_length // split_keys and split_keys > 3 + 4
