@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup system demo test lint fixtures clean
+.PHONY: setup system demo test lint fixtures fuzz clean
 
 setup: $(STAMP) system
 
@@ -27,6 +27,12 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Long fuzzing of the model loaders (bad input never crashes): FUZZ_EXAMPLES random mutated inputs per
+# loader (GGUF, Hugging Face directory), new ones each run; `make test` runs 600 each, the same every run.
+FUZZ_EXAMPLES ?= 20000
+fuzz: setup
+	WORKBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/test_fuzz_loaders.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -53,7 +53,7 @@ class Entry:
 class TensorEntry:
     """One entry of the tensor index: dimensions in GGUF order (fastest first), type id, data offset."""
 
-    name: str
+    name: str | bytes  # bytes: not necessarily UTF-8
     dims: list[int]
     type: int
     offset: int

@@ -13,16 +13,14 @@ import numpy as np
 import pytest
 import safetensors_edit
 from gguf_edit import ARRAY, BOOL, F32, I32, STRING, U8, U32, U64, encode_value, read_parts
-from tiny import TINY, tiny_vocab, tiny_weights, write_tiny_gguf, write_tiny_hf
+from tiny import TINY, tiny_vocab, write_tiny_gguf, write_tiny_hf
+from tiny_variants import vocab_without_bytes, write_gguf_without_bytes, write_tokenizer_json
 
 import workbench as wb
 from workbench.cli import main
-from workbench.models import spm_proto as P
 from workbench.models.errors import ModelFormatError, UnsupportedModelError
-from workbench.models.gguf_writer import VocabSpec, write_gguf
 from workbench.models.safetensors_dir import SafetensorsError
 from workbench.models.tokenizer import Tokenizer, TokenizerDataError, TokenizerError
-from workbench.quant.formats import GGMLType
 
 
 @pytest.fixture(scope="module")
@@ -75,21 +73,9 @@ def test_config_json_of_another_type(hf_copy, doc, capsys):
     assert "not a JSON object" in capsys.readouterr().err
 
 
-def _without_byte_pieces(path, keep_bytes=0):
-    """The tiny model with a vocabulary holding only ``keep_bytes`` of the 256 byte pieces."""
-    v = tiny_vocab()
-    keep = [
-        i for i, (p, t) in enumerate(zip(v.tokens, v.types)) if t != P.BYTE or int(p[3:5], 16) < keep_bytes
-    ]
-    vocab = VocabSpec([v.tokens[i] for i in keep], [v.scores[i] for i in keep], [v.types[i] for i in keep])
-    config = TINY.with_(vocab_size=len(keep))
-    weights = {n: (GGMLType.F32, w) for n, w in tiny_weights(config).items()}
-    return write_gguf(path, config, weights, vocab)
-
-
 def test_vocabulary_without_byte_pieces_loads_and_encodes(tmp_path):
     """As llama.cpp: no byte fallback where the byte pieces are missing; unknown text becomes <unk>."""
-    model = wb.load(_without_byte_pieces(tmp_path / "nobytes.gguf"))
+    model = wb.load(write_gguf_without_bytes(tmp_path / "nobytes.gguf"))
     tok = model.tokenizer
     assert tok.vocab_size == model.config.vocab_size == 300 - 256
     ids = tok.encode(" the a", add_bos=False)
@@ -101,7 +87,7 @@ def test_vocabulary_without_byte_pieces_loads_and_encodes(tmp_path):
 
 
 def test_a_part_of_the_byte_pieces_is_named(tmp_path):
-    model = wb.load(_without_byte_pieces(tmp_path / "half.gguf", keep_bytes=128))
+    model = wb.load(write_gguf_without_bytes(tmp_path / "half.gguf", keep_bytes=128))
     with pytest.raises(
         TokenizerDataError, match=r"half\.gguf: tokenizer\.ggml\.tokens: 128 pieces are typed BYTE"
     ):
@@ -373,9 +359,9 @@ def test_bad_tokenizer_config_fails_only_the_tokenizer(hf_copy, doc, message):
         _ = model.tokenizer
 
 
-def _tokenizer_json(folder, vocab, added=(), **model):
+def _tokenizer_json(folder, vocab, added=()):
     (folder / "tokenizer.model").unlink(missing_ok=True)
-    doc = {"model": {"type": "BPE", "vocab": vocab, "merges": [], **model}, "added_tokens": list(added)}
+    doc = {"model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": list(added)}
     (folder / "tokenizer.json").write_text(json.dumps(doc))
 
 
@@ -399,12 +385,12 @@ def test_bad_tokenizer_json_is_named(hf_copy, vocab, added, message):
 
 def test_tokenizer_json_without_byte_pieces_needs_no_byte_fallback(hf_copy):
     """byte_fallback: true in the file, but no byte pieces: loaded without it, as llama.cpp does."""
-    v = tiny_vocab()
-    kept = [p for p, t in zip(v.tokens, v.types) if t != P.BYTE]
-    vocab = {p: i for i, p in enumerate(kept)}
-    _tokenizer_json(hf_copy, vocab, byte_fallback=True, unk_token="<unk>")
-    tok = wb.load(hf_copy).tokenizer
-    assert tok.encode("é", add_bos=False)[-1] == tok.unk_id
+    tok = wb.load(write_tokenizer_json(hf_copy, vocab_without_bytes())).tokenizer
+    assert tok.vocab_size == 300 - 256 and tok.encode("é", add_bos=False)[-1] == tok.unk_id
+    assert wb.load(write_tokenizer_json(hf_copy, tiny_vocab())).tokenizer.encode("é", add_bos=False) == [
+        201,
+        175,
+    ]
 
 
 def test_tokenizer_errors_stay_tokenizer_errors():

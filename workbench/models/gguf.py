@@ -157,10 +157,12 @@ def _string_spans(cur: _Cursor, count: int, key: str) -> tuple[np.ndarray, np.nd
             cur.need(8, f"length of {key!r}[{i}]")
         (n,) = unpack(buf, pos)
         pos += 8
+        if n > size - pos:  # checked per string: a u64 length may exceed what int64 offsets hold
+            raise GGUFError(
+                f"{cur.path}: {key!r}[{i}] of {n} bytes runs past the end of the file: truncated or corrupt"
+            )
         offsets[i], lengths[i] = pos, n
         pos += n
-    if pos > size:
-        raise GGUFError(f"{cur.path}: strings of {key!r} run past the end of the file: truncated or corrupt")
     cur.pos = pos
     return np.frombuffer(offsets, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64)
 

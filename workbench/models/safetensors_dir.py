@@ -137,10 +137,11 @@ def _shard_files(path: Path) -> list[Path]:
         if not isinstance(doc, dict):
             raise SafetensorsError(f"{index}: is {show(doc)}, not a JSON object")
         weight_map = Fields(doc, str(index), error=SafetensorsError).section("weight_map").values
-        files = []
-        for f in dict.fromkeys(weight_map.values()):
+        for f in weight_map.values():
             if not isinstance(f, str) or not f or "\0" in f:
                 raise SafetensorsError(f"{index}: shard {show(f)} is not a file name")
+        files = []
+        for f in dict.fromkeys(weight_map.values()):
             p = (path / f).resolve()
             if p.parent != path.resolve():
                 raise SafetensorsError(f"{index}: shard {f!r} is outside the model directory")

@@ -14,7 +14,7 @@ import codecs
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,15 +41,19 @@ class Tokenizer:
         add_bos: bool = True,
         source: str = "",
         special_ids: Sequence[int] | None = None,
+        token_ids: Mapping[str, int] | None = None,
     ):
+        """``token_ids`` gives the bos/eos/pad/unk ids where the source states them (GGUF), which
+        SentencePiece cannot report when two share a piece; otherwise SentencePiece's are used."""
         self.sp = sp
         self.source = source
         self.add_bos = add_bos
         self.vocab_size = sp.get_piece_size()
-        self.bos_id = sp.bos_id()
-        self.eos_id = sp.eos_id()
-        self.pad_id = sp.pad_id()
-        self.unk_id = sp.unk_id()
+        given = token_ids or {}
+        self.bos_id = given.get("bos", sp.bos_id())
+        self.eos_id = given.get("eos", sp.eos_id())
+        self.pad_id = given.get("pad", sp.pad_id())
+        self.unk_id = given.get("unk", sp.unk_id())
         if special_ids is None:  # control and unknown pieces (GGUF loading passes them from the token types)
             special_ids = [i for i in range(self.vocab_size) if sp.is_control(i) or sp.is_unknown(i)]
         specials = list(special_ids)
@@ -63,7 +67,8 @@ class Tokenizer:
     # -- encoding --------------------------------------------------------------------------------
     def encode(self, text: str, *, add_bos: bool | None = None, special: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens in the text are recognized when ``special``."""
-        ids: list[int] = [self.bos_id] if (self.add_bos if add_bos is None else add_bos) else []
+        bos = self.add_bos if add_bos is None else add_bos
+        ids: list[int] = [self.bos_id] if bos and self.bos_id >= 0 else []  # -1: the model has no bos
         if not special or self._special_re is None:
             ids.extend(self.sp.encode(text))
             return ids
@@ -152,7 +157,7 @@ class Tokenizer:
             "tokenizer.ggml.add_space_prefix", False
         )
         types = np.asarray(vocab.types)
-        ids = {"bos": vocab.bos_id, "eos": vocab.eos_id, "unknown": vocab.unk_id, "padding": vocab.pad_id}
+        ids = {"bos": vocab.bos_id, "eos": vocab.eos_id, "pad": vocab.pad_id, "unk": vocab.unk_id}
         key = _vocab_key(vocab.tokens, np.asarray(vocab.scores), types, {**ids, "space": space})
         cached = cache_dir("tokenizers") / f"{key}.model"
         if cached.exists():
@@ -164,7 +169,7 @@ class Tokenizer:
         specials = np.flatnonzero((types == P.CONTROL) | (types == P.UNKNOWN)).tolist()
         if vocab.unk_id not in specials:
             specials.append(vocab.unk_id)
-        return cls(sp, add_bos=vocab.add_bos, source=f"gguf:{gguf.path}", special_ids=specials)
+        return cls(sp, add_bos=vocab.add_bos, source=f"gguf:{gguf.path}", special_ids=specials, token_ids=ids)
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> Tokenizer:
@@ -177,7 +182,8 @@ class Tokenizer:
                 proto = model_file.read_bytes()
             except OSError as e:
                 raise TokenizerDataError(f"{model_file}: cannot be read ({e.strerror or e})") from None
-            return cls(_load_proto(proto, str(model_file)), add_bos=add_bos, source=str(model_file))
+            sp = _load_proto(proto, str(model_file), check_pieces=True)
+            return cls(sp, add_bos=add_bos, source=str(model_file))
         json_file = path / "tokenizer.json"
         if json_file.exists():
             return cls(
@@ -255,11 +261,15 @@ def _gguf_proto(vocab: VocabSpec, add_space_prefix: bool, source: str) -> bytes:
     )
 
 
-def _load_proto(proto: bytes, where: str) -> spm.SentencePieceProcessor:
+def _load_proto(proto: bytes, where: str, *, check_pieces: bool = False) -> spm.SentencePieceProcessor:
+    """A SentencePiece processor of a serialized model. ``check_pieces``: every piece must be UTF-8
+    (a model file not written here may hold others, which SentencePiece loads but cannot return)."""
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(proto)
-    except (RuntimeError, OSError) as e:
+        if check_pieces:
+            sp.id_to_piece(list(range(sp.get_piece_size())))
+    except (RuntimeError, OSError, UnicodeDecodeError) as e:
         raise TokenizerDataError(f"{where}: invalid sentencepiece model ({e})") from None
     return sp
 
