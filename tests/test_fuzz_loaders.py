@@ -23,15 +23,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import time
 import tracemalloc
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_edit import GGUFParts, read_parts
+import safetensors_edit
+from gguf_edit import ARRAY, STRING, U8, Entry, GGUFParts, TensorEntry, read_parts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loader_mutations import Files, Mutated, gguf_mutations, gguf_sweep, hf_mutations, hf_sweep
@@ -46,8 +49,11 @@ from workbench.quant.formats import UnsupportedQuantError
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "600"))
 RANDOM = "WORKBENCH_FUZZ_EXAMPLES" in os.environ  # a chosen budget draws new inputs each run
 CASE_SECONDS = float(os.environ.get("WORKBENCH_FUZZ_CASE_SECONDS", "10"))
-ALLOC_FACTOR = 4
-ALLOC_SLACK = 2 * 2**20
+# parsed GGUF metadata keys and tensor entries are Python objects, ~5.5x their bytes at worst; parsed
+# JSON up to ~25x (see the allocation bomb tests); a valid tiny model's load allocates ~0.2 MiB besides
+ALLOC_FACTOR = 8
+JSON_ALLOC_FACTOR = 32
+ALLOC_SLACK = 2**20
 CLEAN = (UnsupportedModelError, UnsupportedQuantError)  # ModelFormatError is a kind of the first
 TEXT = "Hello, wörld! <start_of_turn>user\n€ 42<end_of_turn>"
 
@@ -63,9 +69,9 @@ def _alarm(_signum, _frame):
 LARGEST: dict[str, int] = {"traced": 0, "size": 0}  # the largest allocation while loading, and its input
 
 
-def exercise(path: Path, size: int) -> str:
+def exercise(path: Path, size: int, factor: int = ALLOC_FACTOR) -> str:
     """Use the model at ``path`` (of ``size`` bytes in all) as the commands do: 'loaded', or the clean
-    error's type name; other exceptions, hangs and oversized allocations fail."""
+    error's type name; other exceptions, hangs and allocations past ``factor`` x ``size`` fail."""
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
     signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
@@ -84,9 +90,7 @@ def exercise(path: Path, size: int) -> str:
             peak = tracemalloc.get_traced_memory()[1] - base
             if peak > LARGEST["traced"]:
                 LARGEST.update(traced=peak, size=size)
-        assert peak <= ALLOC_FACTOR * size + ALLOC_SLACK, (
-            f"loading traced {peak} bytes for {size} bytes of input"
-        )
+        assert peak <= factor * size + ALLOC_SLACK, f"loading traced {peak} bytes for {size} bytes of input"
         for t, raw in zip(model.weights.values(), views):
             assert raw.nbytes == t.nbytes
             try:
@@ -192,6 +196,43 @@ def gguf_writer(folder: Path) -> Writer:
     return write
 
 
+def _bomb(parts: GGUFParts, kind: str, n: int) -> GGUFParts:
+    """The tiny model with ``n`` small structures added whose parsed form is largest for their bytes."""
+    if kind == "keys":
+        return replace(parts, entries=[*parts.entries, *(Entry(f"k{i}", U8, b"\0") for i in range(n))])
+    if kind == "strings":
+        payload = struct.pack("<IQ", STRING, n) + bytes(8 * n)  # n empty strings
+        return parts.with_entry("junk", ARRAY, payload)
+    if kind == "nested arrays":
+        return parts.with_entry("junk", ARRAY, struct.pack("<IQ", ARRAY, n) + struct.pack("<IQ", U8, 0) * n)
+    end = max(t.offset for t in parts.tensors) + 4096  # one-value tensors past the model's, 32 bytes apart
+    extra = [TensorEntry(f"x{i}", [1], 0, end + 32 * i) for i in range(n)]
+    return replace(
+        parts, tensors=[*parts.tensors, *extra], data=parts.data + bytes(end + 32 * n - len(parts.data))
+    )
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("keys", "loaded"),  # unknown keys are kept (info prints them)
+        ("strings", "loaded"),
+        ("nested arrays", "GGUFError"),  # at most 4096 arrays in arrays
+        ("tensors", "ModelFormatError"),  # tensors the config has no place for
+    ],
+)
+def test_allocation_bombs(fuzz_env, gguf_seeds, kind, expected):
+    """Many of the smallest structures GGUF has, in a few MB: parsing them allocates at most
+    ALLOC_FACTOR x the file (no count in the file is trusted before the bytes it needs are there)."""
+    blob = _bomb(gguf_seeds["tiny"], kind, 30_000).to_bytes()
+    LARGEST.update(traced=0, size=0)
+    outcome = exercise(*gguf_writer(fuzz_env)(Mutated(kind, {"model.gguf": blob})))
+    print(
+        f"\n{kind}: {len(blob) / 2**20:.1f} MiB, at most {LARGEST['traced'] / 2**20:.1f} MiB traced: {outcome}"
+    )
+    assert outcome == expected
+
+
 def test_gguf_sweep(fuzz_env, gguf_seeds):
     """Every region cut, every key set to every type, every tensor entry bent (on the tiny seed)."""
     cases = gguf_sweep("tiny", gguf_seeds["tiny"], N_VOCAB)
@@ -245,6 +286,33 @@ def hf_writer(folder: Path) -> Writer:
 def test_hf_seeds_load(fuzz_env, hf_seeds):
     write = hf_writer(fuzz_env / "case")
     assert all(exercise(*write(Mutated(n, f))) == "loaded" for n, f in hf_seeds.items())
+
+
+def _json_bomb(files: Files, kind: str) -> Files:
+    """A directory whose JSON parses to the most objects for its bytes (empty lists), or a header of
+    many zero-size tensors the text model ignores."""
+    if kind == "config":
+        cfg = json.loads(files["config.json"] or b"{}")
+        junk = b'"junk": [' + b",".join([b"[]"] * 340_000) + b"]"  # just under the 1 MiB cap
+        return {**files, "config.json": json.dumps(cfg).encode()[:-1] + b", " + junk + b"}"}
+    if kind == "config past the cap":
+        return {**files, "config.json": b" " * (2**20 + 1) + (files["config.json"] or b"")}
+    header, data = safetensors_edit.split(files["model.safetensors"] or b"")
+    header |= {f"vision.t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(30_000)}
+    return {**files, "model.safetensors": safetensors_edit.join(header, data)}
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [("config", "loaded"), ("config past the cap", "ModelFormatError"), ("header", "loaded")],
+)
+def test_json_allocation_bombs(fuzz_env, hf_seeds, kind, expected):
+    """JSON parsed whole allocates at most JSON_ALLOC_FACTOR x the files; config.json is capped at 1 MiB."""
+    write = hf_writer(fuzz_env / "case")
+    LARGEST.update(traced=0, size=0)
+    outcome = exercise(*write(Mutated(kind, _json_bomb(hf_seeds["hf"], kind))), factor=JSON_ALLOC_FACTOR)
+    print(f"\n{kind}: {LARGEST['size'] / 2**20:.1f} MiB, at most {LARGEST['traced'] / 2**20:.1f} MiB traced")
+    assert outcome == expected
 
 
 def test_hf_sweep(fuzz_env, hf_seeds):

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import safetensors_edit
 from gguf_edit import ARRAY, BOOL, F32, I32, STRING, U8, U32, U64, encode_value, read_parts
-from tiny import TINY, tiny_vocab, write_tiny_gguf, write_tiny_hf
+from tiny import TINY, tiny_vocab, tiny_weights, write_tiny_gguf, write_tiny_hf
 from tiny_variants import vocab_without_bytes, write_gguf_without_bytes, write_tokenizer_json
 
 import workbench as wb
 from workbench.cli import main
 from workbench.models.errors import ModelFormatError, UnsupportedModelError
+from workbench.models.gguf import GGUFError
 from workbench.models.safetensors_dir import SafetensorsError
 from workbench.models.tokenizer import Tokenizer, TokenizerDataError, TokenizerError
 
@@ -407,3 +408,47 @@ def test_numbers_array_rejects_infinite_scores(gguf_parts, tmp_path):
     path = _with_value(gguf_parts, tmp_path, "tokenizer.ggml.scores", (ARRAY, (F32, scores.tolist())))
     with pytest.raises(ModelFormatError, match="not finite"):
         _ = wb.load(path).tokenizer
+
+
+# -- the tensor index against the config -------------------------------------------------------------
+def _write(parts, tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(parts.to_bytes())
+    return path
+
+
+def test_overlapping_tensors_are_named(gguf_parts, tmp_path):
+    i = next(i for i, t in enumerate(gguf_parts.tensors) if t.name == "blk.0.attn_k.weight")
+    j = next(i for i, t in enumerate(gguf_parts.tensors) if t.name == "blk.0.attn_v.weight")
+    parts = gguf_parts.with_tensor(j, offset=gguf_parts.tensors[i].offset)
+    with pytest.raises(GGUFError, match=r"m\.gguf: tensors 'blk\.0\.attn_(k|v)\.weight' and .* overlap"):
+        wb.load(_write(parts, tmp_path))
+
+
+def test_tensor_the_config_has_no_place_for(gguf_parts, tmp_path):
+    """As llama.cpp: a GGUF tensor outside the config (here a fourth layer's) is refused."""
+    i = next(i for i, t in enumerate(gguf_parts.tensors) if t.name == "blk.2.ffn_up.weight")
+    parts = gguf_parts.with_tensor(i, name="blk.3.ffn_up.weight")
+    with pytest.raises(
+        ModelFormatError, match=r"tensor 'blk\.3\.ffn_up\.weight' is not one of the \d+ tensors"
+    ):
+        wb.load(_write(parts, tmp_path))
+
+
+def test_an_lm_head_in_the_file_unties_the_embedding(tmp_path):
+    config = TINY.with_(tie_embeddings=False)
+    model = wb.load(write_tiny_gguf(tmp_path / "untied.gguf", tiny_weights(config), config))
+    assert not model.config.tie_embeddings and "output.weight" in model.weights
+    assert wb.load(write_tiny_gguf(tmp_path / "tied.gguf")).config.tie_embeddings
+
+
+def test_nested_arrays_are_capped(gguf_parts, tmp_path):
+    payload = struct.pack("<IQ", ARRAY, 5000) + struct.pack("<IQ", U8, 0) * 5000
+    with pytest.raises(GGUFError, match="at most 4096 arrays in arrays"):
+        wb.load(_write(gguf_parts.with_entry("junk", ARRAY, payload), tmp_path))
+
+
+def test_config_json_past_its_cap(hf_copy):
+    (hf_copy / "config.json").write_bytes(b" " * 2**20 + (hf_copy / "config.json").read_bytes())
+    with pytest.raises(ModelFormatError, match=r"config\.json: \d+ bytes, more than the 1048576"):
+        wb.load(hf_copy)

@@ -8,6 +8,7 @@ raises :class:`GGUFError` instead of crashing or allocating a huge buffer.
 
 from __future__ import annotations
 
+import math
 import struct
 from array import array
 from collections.abc import Iterator, Mapping
@@ -23,6 +24,8 @@ from .errors import ModelFormatError
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4
 MAX_ARRAY_DEPTH = 4
+# arrays inside arrays in one file: each becomes a Python object ~10x its bytes (models use flat arrays)
+MAX_NESTED_ARRAYS = 4096
 DEFAULT_ALIGNMENT = 32
 
 # value type id -> (struct code, numpy dtype) for fixed-size scalars
@@ -46,7 +49,7 @@ class GGUFError(ModelFormatError):
     """The file is not a valid GGUF file (the message says where and why)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a hostile index of tiny entries costs less memory
 class TensorInfo:
     """One entry of the tensor index. ``shape`` is in numpy order (rows last-dimension-first reversed)."""
 
@@ -150,7 +153,7 @@ def _string_spans(cur: _Cursor, count: int, key: str) -> tuple[np.ndarray, np.nd
     caller bounds the count by the bytes left), where lists would keep two int objects per string.
     """
     unpack, buf, size, pos = struct.Struct("<Q").unpack_from, cur.buf, cur.size, cur.pos
-    offsets, lengths = array("q", bytes(8 * count)), array("q", bytes(8 * count))
+    offsets, lengths = array("q", [0]) * count, array("q", [0]) * count
     for i in range(count):
         if pos + 8 > size:
             cur.pos = pos
@@ -194,6 +197,7 @@ class GGUFFile:
         if n_kv > remaining // 13:  # smallest entry: 8-byte key length + 1 char + 4-byte type
             raise GGUFError(f"{self.path}: metadata count {n_kv} cannot fit in {remaining} bytes")
         self.metadata: dict[str, Any] = {}
+        self._nested_left = MAX_NESTED_ARRAYS
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
             vtype = cur.scalar("<I", f"type of {key!r}")
@@ -213,7 +217,7 @@ class GGUFFile:
         for name, qtype, shape, rel in infos:
             if name in self.tensors:
                 raise GGUFError(f"{self.path}: duplicate tensor {name!r}")
-            n = int(np.prod(shape, dtype=np.int64))
+            n = math.prod(shape)
             fmt = block_format(qtype, name)
             if shape[-1] % fmt.block_elems:
                 raise GGUFError(
@@ -230,6 +234,16 @@ class GGUFFile:
                     f"of the file ({cur.size} bytes): truncated or corrupt"
                 )
             self.tensors[name] = TensorInfo(name, qtype, shape, start, nbytes)
+        # tensors must not share bytes: writers never do it, and it would let a small file describe
+        # many tensors (each a few hundred bytes of Python objects)
+        listed = list(self.tensors.values())
+        starts = np.fromiter((t.offset for t in listed), np.int64, len(listed))
+        ends = starts + np.fromiter((t.nbytes for t in listed), np.int64, len(listed))
+        order = np.argsort(starts, kind="stable")
+        overlaps = np.flatnonzero(starts[order][1:] < ends[order][:-1])
+        if overlaps.size:
+            first, second = (listed[order[overlaps[0] + k]].name for k in (0, 1))
+            raise GGUFError(f"{self.path}: tensors {first!r} and {second!r} overlap in the file")
 
     # -- parsing helpers -------------------------------------------------------------------------
     def _value(self, cur: _Cursor, vtype: int, key: str, depth: int):
@@ -267,6 +281,12 @@ class GGUFFile:
                     raise GGUFError(
                         f"{self.path}: array {key!r} of {count} arrays runs past the end of the file"
                     )
+                if count > self._nested_left:
+                    raise GGUFError(
+                        f"{self.path}: array {key!r} of {count} arrays: a file may nest at most "
+                        f"{MAX_NESTED_ARRAYS} arrays in arrays"
+                    )
+                self._nested_left -= count
                 return [self._value(cur, _ARRAY, f"{key}[{i}]", depth + 1) for i in range(count)]
             raise GGUFError(f"{self.path}: metadata {key!r} has unknown element type {etype}")
         raise GGUFError(f"{self.path}: metadata {key!r} has unknown value type {vtype}")

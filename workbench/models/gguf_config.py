@@ -1,8 +1,9 @@
 """GGUF metadata -> :class:`ModelConfig` for Gemma 3, completed with the facts GGUF files do not store.
 
 Every key is read through :class:`~.validate.Fields` (type and range), then the sizes are checked
-against the tensor index: a block count beyond the layers the file holds, or a tensor whose shape the
-metadata contradict, is a :class:`ModelFormatError` naming the file, the key and the value.
+against the tensor index: a block count beyond the layers the file holds, a tensor whose shape the
+metadata contradict, or one the config has no place for (llama.cpp refuses those too) is a
+:class:`ModelFormatError` naming the file, the key and the value.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .errors import UnsupportedModelError
 from .gemma3 import weight_shapes
-from .validate import MAX_LAYERS, Fields, Shapes, check_layer_count, check_shapes
+from .validate import MAX_LAYERS, Fields, Shapes, check_expected, check_layer_count, check_shapes
 
 DEFAULT_VOCAB = 262_144
 ROPE_SCALINGS = ("none", "linear")
@@ -91,8 +92,11 @@ def config_from_gguf(meta: Mapping[str, Any], shapes: Shapes, source: str, name:
         final_logit_softcap=f.number(key("final_logit_softcapping"), None),
         sliding_window_pattern=pattern,
         layer_types=layer_types,
+        tie_embeddings="output.weight" not in shapes,  # as llama.cpp: the LM head if present, else tied
     )
-    check_shapes(weight_shapes(config), shapes, source)
+    expected = weight_shapes(config)
+    check_shapes(expected, shapes, source)
+    check_expected(expected, shapes, source)
     return config
 
 

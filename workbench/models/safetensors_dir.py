@@ -26,6 +26,10 @@ from .validate import Fields, is_int, parse_json, read_json, show
 from .weights import QTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# JSON files are parsed whole (~25x their bytes at worst): caps far above real ones (a Gemma 3 config.json
+# is ~2 KB, the 27B's index ~100 KB)
+MAX_CONFIG_BYTES = 2**20
+MAX_INDEX_BYTES = 16 * 2**20
 _DTYPES = {"F32": (GGMLType.F32, 4), "F16": (GGMLType.F16, 2), "BF16": (GGMLType.BF16, 2)}
 
 
@@ -133,7 +137,7 @@ def gguf_name(hf_name: str) -> tuple[str, bool] | None:
 def _shard_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        doc = read_json(index, SafetensorsError)
+        doc = read_json(index, MAX_INDEX_BYTES, SafetensorsError)
         if not isinstance(doc, dict):
             raise SafetensorsError(f"{index}: is {show(doc)}, not a JSON object")
         weight_map = Fields(doc, str(index), error=SafetensorsError).section("weight_map").values
@@ -179,7 +183,7 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise ModelFormatError(f"{path}: no config.json (not a Hugging Face model directory)")
-    cfg = read_json(cfg_file)
+    cfg = read_json(cfg_file, MAX_CONFIG_BYTES)
     if not isinstance(cfg, dict):
         raise ModelFormatError(f"{cfg_file}: is {show(cfg)}, not a JSON object")
     found: dict[str, _Entry] = {}

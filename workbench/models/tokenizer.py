@@ -29,6 +29,9 @@ from .validate import Fields, is_int, read_json, show
 from .vocab import gguf_vocab
 
 CHAT_TEMPLATE_NAME = "gemma3"
+# caps on the JSON files read whole (Gemma 3's tokenizer_config.json is 1.2 MB, its tokenizer.json 33 MB)
+MAX_TOKENIZER_CONFIG_BYTES = 16 * 2**20
+MAX_TOKENIZER_JSON_BYTES = 128 * 2**20
 
 
 class Tokenizer:
@@ -298,7 +301,7 @@ def _hf_add_bos(path: Path) -> bool:
     cfg = path / "tokenizer_config.json"
     if not cfg.exists():
         return True
-    doc = read_json(cfg, TokenizerDataError)
+    doc = read_json(cfg, MAX_TOKENIZER_CONFIG_BYTES, TokenizerDataError)
     if not isinstance(doc, dict):
         raise TokenizerDataError(f"{cfg}: is {show(doc)}, not a JSON object")
     return Fields(doc, str(cfg), error=TokenizerDataError).flag("add_bos_token", True)
@@ -310,7 +313,7 @@ _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 def _tokenizer_json(path: Path) -> tuple[Fields, dict[str, int], list[Fields]]:
     """(the BPE model's fields, its vocabulary, the added tokens) of a ``tokenizer.json``, checked: ids
     are integers below the number of pieces it names."""
-    data = read_json(path, TokenizerDataError)
+    data = read_json(path, MAX_TOKENIZER_JSON_BYTES, TokenizerDataError)
     if not isinstance(data, dict):
         raise TokenizerDataError(f"{path}: is {show(data)}, not a JSON object")
     top = Fields(data, str(path), error=TokenizerDataError)

@@ -193,9 +193,13 @@ def parse_json(data: bytes, source: str, error: type[ModelFormatError] = ModelFo
         raise error(f"{source}: not valid JSON ({e})") from None
 
 
-def read_json(path: Path, error: type[ModelFormatError] = ModelFormatError) -> Any:
-    """The JSON value of the file at ``path``; one that cannot be read or parsed raises ``error``."""
+def read_json(path: Path, max_bytes: int, error: type[ModelFormatError] = ModelFormatError) -> Any:
+    """The JSON value of the file at ``path``, of at most ``max_bytes`` (parsed JSON takes up to ~25x its
+    bytes: each file type is capped well above its real sizes); other failures raise ``error``."""
     try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{path}: {size} bytes, more than the {max_bytes} such a file may have")
         data = path.read_bytes()
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror or e})") from None
@@ -216,6 +220,17 @@ def check_shapes(expected: Mapping[str, tuple[int, ...]], shapes: Shapes, source
             )
 
 
+def check_expected(expected: Mapping[str, Any], shapes: Shapes, source: str) -> None:
+    """Every tensor must be one the config expects (as llama.cpp, which refuses a GGUF file with others)."""
+    extra = sorted(set(shapes) - set(expected))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ModelFormatError(
+            f"{source}: tensor {shapes[extra[0]][0]!r}{more} is not one of the {len(expected)} tensors of "
+            f"this model's config"
+        )
+
+
 def check_layer_count(n_layers: int, names: Iterable[str], key: str, source: str) -> None:
     """A config may run fewer layers than the files hold (as transformers does), never more (a config
     alone, without tensors, may state any count up to ``MAX_LAYERS``)."""
@@ -230,6 +245,7 @@ __all__ = [
     "Fields",
     "ModelFormatError",
     "Shapes",
+    "check_expected",
     "check_layer_count",
     "check_shapes",
     "is_int",
