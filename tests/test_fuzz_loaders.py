@@ -1,21 +1,24 @@
 """Fuzzing the model loaders (issue 29: bad input never crashes).
 
-Valid tiny models (GGUF files and Hugging Face directories) are mutated by ``loader_mutations``; each
-input is used as ``workbench info`` and ``generate`` use it: config and tensor index loaded, the model
-described, every tensor's bytes viewed, the tokenizer summarized, then built and run on a text, then
-every tensor dequantized. Each input must either load or raise a clean error, whose message names the
-file:
+Valid tiny models (GGUF files and Hugging Face directories) are mutated by ``loader_mutations``, in
+deterministic sweeps (every region cut, every key and config field set to every type, each file removed,
+each tensor entry bent) and at random (hypothesis). Each input is used as ``workbench info`` and
+``generate`` use it: config and tensor index loaded, the model described, every tensor's bytes viewed,
+the tokenizer summarized, then built and run on a text, then every tensor dequantized. Each input must
+load or raise a clean error whose message names the input's path:
 
 * ``UnsupportedModelError``: a well-formed model this engine does not run, or its kind
   ``ModelFormatError``: malformed files (``GGUFError``, ``SafetensorsError``, ``TokenizerDataError``);
 * ``UnsupportedQuantError``: a tensor stored in a type without kernels.
 
-Any other exception fails the test, as does a case running past ``CASE_SECONDS`` (a hang) or tracing
-more than ``ALLOC_FACTOR`` times the input's bytes plus ``ALLOC_SLACK`` of Python and numpy memory while
-loading (dequantizing, which allocates by design, is not counted).
+Any other exception fails the test, as does a case running past ``CASE_SECONDS`` (a hang: the timer
+interrupts Python code, not a stuck C call) or tracing more than ``ALLOC_FACTOR`` times the input's bytes
+plus ``ALLOC_SLACK`` of Python and numpy memory while loading (dequantizing, which allocates by design,
+is not counted; C++ allocations inside SentencePiece are not traced). The allocation bomb tests give the
+factors meaning at scale: files of many of GGUF's smallest structures, and JSON of empty lists.
 
-``WORKBENCH_FUZZ_EXAMPLES`` sets the inputs per loader: 1100 by default (derandomized: the same inputs on
-every run, 2 x 1100 in ``make test``); ``make fuzz`` sets many more, drawn at random.
+``WORKBENCH_FUZZ_EXAMPLES`` sets the random inputs per loader: 600 by default, the same on every run
+(``make test``: with the sweeps, ~3,200 inputs); ``make fuzz`` sets many more, drawn anew each run.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import signal
 import struct
+import sys
 import time
 import tracemalloc
 from collections import Counter
@@ -44,6 +48,7 @@ from tiny_variants import FUZZ, write_gguf_without_bytes, write_tokenizer_json
 import workbench as wb
 from workbench.cli.info import tokenizer_summary
 from workbench.models.errors import UnsupportedModelError
+from workbench.models.model import Model
 from workbench.quant.formats import UnsupportedQuantError
 
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", "600"))
@@ -69,36 +74,48 @@ def _alarm(_signum, _frame):
 LARGEST: dict[str, int] = {"traced": 0, "size": 0}  # the largest allocation while loading, and its input
 
 
+def load_as_commands_do(path: Path) -> Model:
+    """What ``info`` and ``generate`` read: config and tensor index, the description, every tensor's
+    bytes, the tokenizer's summary, then the tokenizer itself, run on a text."""
+    model = wb.load(path)
+    model.describe()
+    tokenizer_summary(model)
+    for t in model.weights.values():
+        assert t.raw.nbytes == t.nbytes
+    tok = model.tokenizer
+    tok.decode(tok.encode(TEXT))
+    return model
+
+
+def dequantize_all(model: Model) -> str:
+    """Every tensor as floats (allocates by design: not counted against the input's size)."""
+    for t in model.weights.values():
+        try:
+            with np.errstate(all="ignore"):  # random bytes are NaNs and infinities as floats
+                t.dequantize()
+        except UnsupportedQuantError:  # a type with a block layout but no kernels: clean, when used
+            return "loaded, a type without kernels"
+    return "loaded"
+
+
 def exercise(path: Path, size: int, factor: int = ALLOC_FACTOR) -> str:
-    """Use the model at ``path`` (of ``size`` bytes in all) as the commands do: 'loaded', or the clean
-    error's type name; other exceptions, hangs and allocations past ``factor`` x ``size`` fail."""
+    """Load the model at ``path`` (of ``size`` bytes in all): 'loaded', or the clean error's type name;
+    other exceptions, hangs and allocations past ``factor`` x ``size`` (a clean error included) fail."""
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
     signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
     try:
+        model, outcome = None, "loaded"
         try:
-            model = wb.load(path)
-            model.describe()
-            tokenizer_summary(model)
-            views = [t.raw for t in model.weights.values()]
-            tok = model.tokenizer
-            tok.decode(tok.encode(TEXT))
+            model = load_as_commands_do(path)
         except CLEAN as e:
             assert str(path) in str(e), f"the error does not name {path}: {e}"
-            return type(e).__name__
-        finally:
-            peak = tracemalloc.get_traced_memory()[1] - base
-            if peak > LARGEST["traced"]:
-                LARGEST.update(traced=peak, size=size)
+            outcome = type(e).__name__
+        peak = tracemalloc.get_traced_memory()[1] - base
+        if peak > LARGEST["traced"]:
+            LARGEST.update(traced=peak, size=size)
         assert peak <= factor * size + ALLOC_SLACK, f"loading traced {peak} bytes for {size} bytes of input"
-        for t, raw in zip(model.weights.values(), views):
-            assert raw.nbytes == t.nbytes
-            try:
-                with np.errstate(all="ignore"):  # random bytes are NaNs and infinities as floats
-                    t.dequantize()
-            except UnsupportedQuantError:  # a type with a block layout but no kernels: clean, when used
-                return "loaded, a type without kernels"
-        return "loaded"
+        return dequantize_all(model) if model is not None else outcome
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -136,6 +153,7 @@ def run_random(what: str, strategy: st.SearchStrategy[Mutated], write: Writer) -
         deadline=None,  # the case timer guards against hangs
         derandomize=not RANDOM,
         database=None,
+        print_blob=True,  # a failure of a random run prints how to reproduce it (@reproduce_failure)
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
     @given(strategy)
@@ -164,6 +182,29 @@ def run_sweep(what: str, cases: list[Mutated], write: Writer) -> Counter[str]:
     report(what, outcomes, time.perf_counter() - t0)
     assert not failures, f"{len(failures)} inputs failed:\n" + "\n".join(failures[:30])
     return outcomes
+
+
+def test_the_harness_catches_hangs_and_big_allocations(fuzz_env, monkeypatch, tmp_path):
+    """A load that spins past the case time, or allocates 16x its input, fails the case."""
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+
+    def spin(_spec):
+        while True:
+            pass
+
+    monkeypatch.setattr(sys.modules[__name__], "CASE_SECONDS", 0.2)
+    monkeypatch.setattr(wb, "load", spin)
+    with pytest.raises(CaseTimeout):
+        exercise(path, 4)
+
+    def hoard(_spec):  # a clean error, after a transient allocation: the peak still counts
+        buf = bytearray(16 * 2**20)
+        raise UnsupportedModelError(f"{path}: refused after allocating {len(buf)} bytes")
+
+    monkeypatch.setattr(wb, "load", hoard)
+    with pytest.raises(AssertionError, match="loading traced"):
+        exercise(path, 2**20)
 
 
 # hypothesis warns that a failing input's repr (the file's bytes) is long

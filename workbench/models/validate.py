@@ -105,8 +105,8 @@ class Fields:
             self.fail(key, value, f"above {hi}")
         return int(value)
 
-    def number(self, key: str, default: Any = _REQUIRED, *, positive: bool = True) -> float:
-        """A finite number, > 0 when ``positive``."""
+    def number(self, key: str, default: Any = _REQUIRED) -> float:
+        """A finite number > 0 (epsilons, RoPE bases and scales, softcaps, scalars: all positive)."""
         if not self.has(key):
             return self.raw(key, default)
         value = self.values[key]
@@ -116,17 +116,19 @@ class Fields:
             ok = False
         if not ok:
             self.fail(key, value, "not a finite number")
-        if positive and not value > 0:
+        if not value > 0:
             self.fail(key, value, "not positive")
         return float(value)
 
     def flag(self, key: str, default: bool) -> bool:
+        """True or false (an integer 0/1 is not accepted)."""
         value = self.raw(key, default)
         if not isinstance(value, (bool, np.bool_)):
             self.fail(key, value, "not true or false")
         return bool(value)
 
     def text(self, key: str, default: Any = _REQUIRED) -> str:
+        """A string."""
         if not self.has(key):
             return self.raw(key, default)
         value = self.values[key]
