@@ -167,7 +167,8 @@ def test_decode_program_equals_op_by_op(default_model):
 
 def test_greedy_program_token_is_the_argmax_of_its_logits(default_model):
     """run_greedy takes the argmax from the LM head's tasks (matvec.argmax_of_tasks): the token np.argmax
-    picks from the same step's logits."""
+    picks from the same step's logits (run the same way: as one program, or in shards where the host's
+    decode_shards > 1, whose column shares sum in another order)."""
     cpu = make_backend("cpu", default_model, threads=2)
     toks = default_model.tokenizer.encode("The argmax comes from the LM head's own tasks.")
     g1 = cpu.prepare_graph(default_model.graph(1, 1))
@@ -181,7 +182,7 @@ def test_greedy_program_token_is_the_argmax_of_its_logits(default_model):
         if i % 2:
             token = cpu.run_greedy(g1, steps[1])
         else:  # as run_greedy does, but -1 (np.argmax's fallback) fails the test
-            token = pg.execute(cpu, cpu._program(g1, steps[1]), steps[1], None, argmax=True)[1]
+            token = cpu._execute(cpu._program(g1, steps[1]), steps[1], None, argmax=True)[1]
         assert token == int(np.argmax(logits[-1]))
 
 

@@ -129,7 +129,9 @@ def test_post_norm_tail_writes_the_next_int8_input(wide_models):
         quants = [d for d in prog.dispatches if d.kernel == "quant_act"]
         if q:
             assert len(tails) == 2 * model.config.n_layers - 1  # the last layer's feeds the LM head's norm
-            assert len(quants) == 2 + 2 * model.config.n_layers  # first QKV, each attention and GELU output, LM head
+            assert (
+                len(quants) == 2 + 2 * model.config.n_layers
+            )  # first QKV, each attention and GELU output, LM head
         else:
             assert not tails
     for a, b in zip(runs[0], runs[1]):
