@@ -107,11 +107,15 @@ def test_integer_matvec_requantized_formats(wide_models, spec):
 
 def test_integer_matvec_model_logits_and_default(wide_models):
     """A whole model on int8 activations stays near the float reference; the switch shows in the device
-    details, and the default follows the device (on where 4x8-bit dot products are accelerated)."""
+    details, and the default follows the device (on where 4x8-bit dot products are accelerated) and the
+    model's hidden size (matvec.q8_min_hidden)."""
     ev = compare(wide_models["q4_k_m"], TOKENS[:6], decode=3, rel=8e-2, tune="matvec.q8=1")
     assert ev.backend.device.details["integer_matvec"] is True
     feats = ev.backend.dev.features
-    assert vulkan_engine(wide_models["q8_0"]).backend.tuning["matvec.q8"] == int(feats.int_dot_fast)
+    hidden = wide_models["q8_0"].config.hidden
+    for least, wanted in ((hidden, feats.int_dot_fast), (hidden + 1, False)):
+        ev = vulkan_engine(wide_models["q8_0"], tune=f"matvec.q8_min_hidden={least}")
+        assert ev.backend.tuning["matvec.q8"] == int(wanted)
 
 
 def test_post_norm_tail_writes_the_next_int8_input(wide_models):

@@ -65,7 +65,9 @@ class VulkanBackend(Backend):
         self.weights_plan: WeightsPlan | None = None
         try:
             self.tuning = Tuning(
-                self.dev.features, {k: v for k, v in self._tune.items() if k in TUNABLE_NAMES}
+                self.dev.features,
+                {k: v for k, v in self._tune.items() if k in TUNABLE_NAMES},
+                model.config.hidden,
             )
             # per-shape parameters from `workbench tune` on this device and driver (tuned=0: defaults only)
             self.tuned = (
@@ -104,6 +106,7 @@ class VulkanBackend(Backend):
             {
                 "profile": _profile_key(f.name),
                 "api": f.api_version,
+                "driver": f.driver(),
                 "subgroup_size": f.subgroup_size,
                 "fp16": f.fp16,
                 "cooperative_matrix": f.coopmat_f16,

@@ -174,8 +174,11 @@ PROGRAM_TUNABLES = {
     "matvec.fp16": 0,  # fp16 products in the decode matvec (devices with shaderFloat16)
     "matvec.norm_ms": 1,  # fused norms read the mean squares their input's post-norm tail wrote (MS_IN)
     # int8 activations and integer dot products in the decode matvec (quant_act.comp + Q8_ACT); the default
-    # is 1 where the device accelerates 4x8-bit dot products (set by Tuning), else 0
+    # is 1 where the device accelerates 4x8-bit dot products and the model's hidden size is at least
+    # matvec.q8_min_hidden (set by Tuning: below it the quantizing dispatches cost more than the smaller
+    # reads save; figures: docs/backend-vulkan.md), else 0
     "matvec.q8": 0,
+    "matvec.q8_min_hidden": 2048,
     "matvec.q8_rows": 1,  # rows per group of threads of the integer matvec in one-token steps
     "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
     # float16 keys and values in the KV cache (16-bit storage buffers; products stay float32): half the
@@ -214,7 +217,8 @@ TUNABLE_NAMES = (
 class Tuning:
     """Resolved tunables for one device: defaults adapted to the device, overridden by ``--tune`` values."""
 
-    def __init__(self, feats: DeviceFeatures, overrides: dict[str, str] | None = None):
+    def __init__(self, feats: DeviceFeatures, overrides: dict[str, str] | None = None, hidden: int = 0):
+        """``hidden``: the model's hidden size (0: unknown), which the default of ``matvec.q8`` depends on."""
         sg = max(feats.subgroup_size, 1)
         wide = max(32, sg)
         self.values: dict[str, int] = {
@@ -248,7 +252,6 @@ class Tuning:
             "quant_act.wg": 32,  # one block of 32 values a thread: several small workgroups
             **PROGRAM_TUNABLES,
         }
-        self.values["matvec.q8"] = int(feats.int_dot_fast)
         for key, text in (overrides or {}).items():
             if key not in self.values:
                 raise ValueError(
@@ -258,6 +261,8 @@ class Tuning:
                 self.values[key] = int(text)
             except ValueError:
                 raise ValueError(f"vulkan backend: tunable {key}={text!r} is not an integer") from None
+        if "matvec.q8" not in (overrides or {}):
+            self.values["matvec.q8"] = int(feats.int_dot_fast and hidden >= self.values["matvec.q8_min_hidden"])
         if not self.values["matvec.wg_tall"]:
             self.values["matvec.wg_tall"] = self.values["matvec.wg"]
         for key in ROW_THREAD_KEYS:
