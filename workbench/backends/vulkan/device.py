@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -78,10 +79,37 @@ class DeviceFeatures:
     max_push_constants: int
     device_local_bytes: int
     extensions: tuple[str, ...] = field(default=(), repr=False)
+    device_id: int = 0
+    driver_name: str = ""  # VkPhysicalDeviceDriverProperties (Vulkan 1.2): e.g. "NVIDIA", "llvmpipe"
+    driver_info: str = ""  # the driver's own version text, e.g. "580.159.04", "Mesa 24.0.5"
 
     @property
     def is_cpu(self) -> bool:
         return self.type == "cpu"
+
+    @property
+    def driver_version_text(self) -> str:
+        """``driver_version`` decoded as the vendor packs it (NVIDIA 10.8.8.6 bits, Intel on Windows 18.14,
+        others as a Vulkan version)."""
+        v = self.driver_version
+        if self.vendor_id == 0x10DE:
+            return f"{v >> 22}.{(v >> 14) & 0xFF}.{(v >> 6) & 0xFF}.{v & 0x3F}"
+        if self.vendor_id == 0x8086 and sys.platform == "win32":
+            return f"{v >> 14}.{v & 0x3FFF}"
+        return _version(v)
+
+    def driver(self) -> dict[str, Any]:
+        """The driver as a run record names it."""
+        return {
+            "api": "vulkan",
+            "device": self.name,
+            "vendor_id": f"0x{self.vendor_id:04x}",
+            "device_id": f"0x{self.device_id:04x}",
+            "driver_name": self.driver_name,
+            "driver_info": self.driver_info,
+            "driver_version": self.driver_version_text,
+            "api_version": self.api_version,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -130,7 +158,8 @@ def _features(vk, instance, pd, index: int) -> DeviceFeatures:
     dot = vk.VkPhysicalDeviceShaderIntegerDotProductProperties()
     sg_ctl = vk.VkPhysicalDeviceSubgroupSizeControlProperties(pNext=dot)
     sg = vk.VkPhysicalDeviceSubgroupProperties(pNext=sg_ctl)
-    props2 = vk.VkPhysicalDeviceProperties2(pNext=sg)
+    drv = vk.VkPhysicalDeviceDriverProperties(pNext=sg)
+    props2 = vk.VkPhysicalDeviceProperties2(pNext=drv)
     vk.vkGetPhysicalDeviceProperties2(pd, props2)
     p, lim = props2.properties, props2.properties.limits
     exts = tuple(sorted(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)))
@@ -178,7 +207,15 @@ def _features(vk, instance, pd, index: int) -> DeviceFeatures:
         max_push_constants=int(lim.maxPushConstantsSize),
         device_local_bytes=int(max(local, default=0)),
         extensions=exts,
+        device_id=p.deviceID,
+        driver_name=_text(vk, drv.driverName),
+        driver_info=_text(vk, drv.driverInfo),
     )
+
+
+def _text(vk, chars) -> str:
+    """A fixed-size char array of a Vulkan struct as text (the binding gives str or a cdata array)."""
+    return chars if isinstance(chars, str) else vk.ffi.string(chars).decode(errors="replace")
 
 
 def _compute_queue(vk, queues) -> int | None:
