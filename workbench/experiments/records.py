@@ -1,5 +1,9 @@
 """Run records: one self-describing folder per run under ``experiments/`` (JSON + Parquet), and queries.
 
+Commands write into ``experiments/runs/``; the records that answer a question are copied into a folder of
+``experiments/`` of their own (``cpu-decode/``, ``vulkan-scale/``, ...: see :mod:`.summary`), as folders
+or as their ``run.json`` alone (``<id>.json``); every reader here takes either.
+
 A record is written into a hidden temporary folder and published with one ``rename``, so a crash never
 leaves a half record and several writers never collide (each run has its own unique id); a write that
 fails (a full disk) removes its temporary folder. Reading skips
@@ -22,6 +26,7 @@ import pandas as pd
 
 SCHEMA = "workbench.run/1"
 RUNS = "runs"
+SWEEP_DIRS = ("points", "results", "report_points")  # a sweep's working folders, beside its records
 
 
 def experiments_dir(root: str | Path | None = None) -> Path:
@@ -82,12 +87,25 @@ def write_record(
 
 
 def iter_records(root: str | Path | None = None, group: str = RUNS) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """(folder, record) of every readable record; a corrupted one is skipped with a warning."""
+    """(folder, record) of every readable record of ``group`` (``runs``, or a question folder such as
+    ``cpu-decode``): record folders (``<id>/run.json``) and records copied flat (``<id>.json``, whose tables
+    were not kept). A corrupted record is skipped with a warning; JSON files that are not records (a
+    command's ``--json`` output, a tuning database) and a sweep's working folders are passed over."""
     base = experiments_dir(root) / group
     if not base.is_dir():
         return
     for d in sorted(base.iterdir()):
-        if d.name.startswith(".") or not d.is_dir():
+        if d.name.startswith(".") or d.name in SWEEP_DIRS:
+            continue
+        if d.is_file():
+            if d.suffix == ".json":
+                try:
+                    rec = json.loads(d.read_text())
+                except (OSError, ValueError) as e:
+                    warnings.warn(f"skipping unreadable JSON {d}: {e}", stacklevel=2)
+                    continue
+                if isinstance(rec, dict) and rec.get("schema") == SCHEMA:
+                    yield d, rec
             continue
         try:
             rec = json.loads((d / "run.json").read_text())
@@ -125,8 +143,9 @@ def load_table(
     for d, rec in iter_records(root, group):
         if run_ids is not None and rec.get("run_id") not in run_ids:
             continue
-        f = rec.get("files", {}).get(name)
-        if not f:
+        files = rec.get("files")
+        f = files.get(name) if isinstance(files, dict) else None
+        if not f or d.is_file():  # a record copied flat keeps no tables
             continue
         try:
             df = pd.read_parquet(d / f)

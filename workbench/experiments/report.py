@@ -168,13 +168,16 @@ def _export_points(exp: Experiment, out_dir: Path) -> dict[str, str]:
 
 
 def _provenance(exp: Experiment) -> pd.DataFrame:
+    from .summary import commit_label, driver_label
+
     rows = []
     for pid, rec in exp.records.items():
-        env = rec.get("environment", {})
+        env = rec.get("environment") or {}
+        packages = env.get("packages") if isinstance(env.get("packages"), dict) else {}
         rows.append({
             "point": pid, "how": rec.get("how", "?"), "backend": rec.get("backend", "?"), "device": rec.get("device", "?"),
-            "cpu": env.get("cpu", ""), "git": env.get("git_commit", ""), "workbench": env.get("workbench", ""),
-            "numpy": env.get("versions", {}).get("numpy", "") if isinstance(env.get("versions"), dict) else "",
+            "cpu": env.get("cpu", ""), "git": commit_label(env), "driver": driver_label(env),
+            "workbench": env.get("workbench", ""), "numpy": packages.get("numpy") or "",
         })  # fmt: skip
     return pd.DataFrame(rows)
 
