@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                    help="model config preset, repeatable (default: gemma3-270m and gemma3-27b); with --run a loadable model")  # fmt: skip
     p.add_argument("--strategy", "-s", action="append", type=_strategy, default=None,
                    help="strategy, repeatable (default: all iGPU/NPU strategies), or custom:RULES, e.g. "
-                   "custom:all=cpu,attn=npu or custom:layers:0-5=npu,prefill/all=npu (see README)")  # fmt: skip
+                   "custom:all=cpu,attn=npu or custom:layers:0-5=npu,prefill/all=npu (see docs/usage.md)")  # fmt: skip
     p.add_argument(
         "--platform", default="phoenix", choices=list(PLATFORMS), help="devices behind cpu/vulkan/npu"
     )
