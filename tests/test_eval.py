@@ -131,6 +131,8 @@ def test_cli_eval_json(tmp_path):
     out = subprocess.run(cmd + args + ["--json"], capture_output=True, text=True, timeout=300, check=True)
     res = json.loads(out.stdout)
     assert res["quant"] == "int8" and 0 < res["accuracy"]["top1_agreement"] <= 1
+    rec = json.loads((Path(res["record"]) / "run.json").read_text())  # a run record, with its environment
+    assert rec["kind"] == "eval" and rec["environment"]["git"]["commit"] and rec["results"]["accuracy"]
 
 
 @pytest.mark.parametrize("flag, message", [("--quant=int4-g48", "invalid group size 48"),

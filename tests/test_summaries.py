@@ -241,3 +241,18 @@ def test_report_provenance_names_commit_packages_and_driver():
     exp = Experiment("e", Path("."), {}, pd.DataFrame(), pd.DataFrame(), {"p1": rec})
     row = _provenance(exp).iloc[0]
     assert (row["git"], row["driver"], row["numpy"]) == ("ccccccc+dirty", "NVIDIA 580.159.04", "2.0")
+
+
+def test_eval_record_entry():
+    rec = {"kind": "eval", "how": "measured on cpu:EPYC (reference on cpu:EPYC)", "backend": "cpu",
+           "device": "cpu:EPYC", "model": "/cache/gemma-3-270m-q4_k_m.gguf", "created": "2026-11-27T00:00:00+0000",
+           "command": "workbench eval --quant int8 --json", "environment": _env(),
+           "results": {"accuracy": {"perplexity": 12.56, "perplexity_ref": 12.54}, "speed": {"decode_tok_s": 10.7}}}  # fmt: skip
+    e = S.entry_of_record(rec, "x.json")
+    assert (e.model, e.settings, e.decode_tok_s, e.commit) == (
+        "gemma3-270m",
+        "eval --quant int8",
+        10.7,
+        "aaaaaaa",
+    )
+    assert e.result.startswith("ppl 12.56 vs 12.54 (+0.2%)")

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
                      args.profile_repeats, args.ffn_layer_repeats, args.threads, args.tune,
                      speed_prompt=args.speed_prompt)  # fmt: skip
     res = evaluate(cfg, progress=not args.no_progress)
+    res["record"] = str(_record(cfg, res))
     if args.json:
         emit_json(res)
         return 0
@@ -96,3 +97,17 @@ def run(args: argparse.Namespace) -> int:
               f"(ref/variant x{s['ffn_layer_speedup']:.3f}, warm caches)")  # fmt: skip
     print(f"  ({res['how']})")
     return 0
+
+
+def _record(cfg, res: dict):
+    """The run record of an evaluation (commit, packages, CPU: see ``instrument.environment``)."""
+    import sys
+    from dataclasses import asdict
+
+    from ..experiments.records import write_record
+    from ..instrument import environment
+
+    record = {"kind": "eval", "how": res["how"], "command": " ".join(sys.argv), "config": asdict(cfg),
+              "model": res["model"], "backend": res["backend"], "device": res["device"],
+              "environment": environment.capture(threads=cfg.threads), "results": res}  # fmt: skip
+    return write_record(record)
