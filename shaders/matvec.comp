@@ -6,14 +6,13 @@
 // is a shuffle butterfly, above it subgroupAdd then shared memory); each group of ROW_THREADS threads computes
 // RB rows (RB > 1 for steps of several tokens: each token's activations of a chunk, loaded and normalized once,
 // serve RB rows, so that loads no longer outnumber the FMAs); WG / ROW_THREADS * RB rows per workgroup. Per
-// chunk the RB rows' weights are decoded first, then the tokens are taken one at a time (8-token steps on an
-// H100: gate/up 0.39 -> 0.30 ms, LM head 0.25 -> 0.19 ms a step against loading every token's activations
-// first, which keeps 16 x T floats live).
+// chunk the RB rows' weights are decoded first, then the tokens are taken one at a time (faster than loading
+// every token's activations first, which keeps 16 x T floats live: docs/backend-vulkan.md#batched-decode).
 // POST_NORM_ADD: the last workgroup to finish (an atomic counter in the arena, reset by it) also computes
 // out = r + rmsnorm(y) * pw over the whole output row (the post-norm residual add of Gemma 3), so that
 // it needs no dispatch of its own, and the mean squares of out's rows (at ms_out_off). MS_IN (with NORM):
 // x's mean squares are read from ms_off (written so by the op that produced x) instead of every workgroup
-// summing x's squares (H100, 8 tokens: QKV 0.378 -> 0.362 ms, gate/up 0.211 -> 0.191 ms a step).
+// summing x's squares (docs/backend-vulkan.md#batched-decode).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require

@@ -3,9 +3,8 @@ OpenMP workers to spin only briefly (``GOMP_SPINCOUNT``).
 
 By default they busy-wait 2^28 cycles (~0.1 s) after every BLAS call. The cpu backend prefills with BLAS
 GEMMs and decodes with its own numba threads, so on a small host the spinning BLAS threads take the cores
-from the first decode steps after each prefill: measured on a 2-core Zen 1 host, the first 1-3 steps took
-30-136 ms instead of ~16 ms, and `bench -g 32` decode read 51-54 instead of 59-63 tok/s. With 2^4 cycles
-they sleep at once; prefill speed was unchanged (571-616 against 576-634 ms for 128 tokens).
+from the first decode steps after each prefill. With 2^4 cycles they sleep at once, and prefill is no slower
+(figures: docs/backend-cpu.md#blas-and-openmp-spin).
 
 OpenBLAS reads the variable when it loads, with numpy: this module is imported before numpy (first thing in
 ``workbench/__init__``). A value the user set is kept. ``SPINNING`` says whether the default spin applies in
@@ -24,11 +23,10 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", TIMEOUT_LOG2_CYCLES)
 
 # numba's OpenMP workers (GNU libgomp) likewise spin after each parallel loop, 300,000 rounds by default
 # (~0.1 ms), taking the cores from OpenBLAS's workers when a prefill's GEMM follows a numba loop (tile
-# dequantization, attention). With 1,000 rounds (a few us: still longer than the serial gaps between the
-# parallel loops of a decode step) on the 2-vCPU Zen 5 VM, bench -p 128 -g 32, alternating runs: prefill
-# 739-749 -> 775-778 tok/s, decode unchanged (169-170 vs 174-178). libgomp reads it when it loads, with
-# numba's threading layer. A spin count or wait policy the user set is kept (libgomp derives the count from
-# OMP_WAIT_POLICY only while GOMP_SPINCOUNT is unset).
+# dequantization, attention). 1,000 rounds (a few us) is still longer than the serial gaps between the
+# parallel loops of a decode step: prefill gains, decode is unchanged (figures: docs/backend-cpu.md#blas-and-openmp-spin).
+# libgomp reads it when it loads, with numba's threading layer. A spin count or wait policy the user set is
+# kept (libgomp derives the count from OMP_WAIT_POLICY only while GOMP_SPINCOUNT is unset).
 GOMP_SPIN_ROUNDS = "1000"
 GOMP_SPIN_SET_HERE = "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ
 if GOMP_SPIN_SET_HERE:
@@ -68,8 +66,7 @@ def narrow_pin(host_features: str, architectures: list[str]) -> str | None:
     """A notice when ``OPENBLAS_CORETYPE`` pins OpenBLAS (``architectures``: the kernels of the OpenBLAS
     libraries loaded, as threadpoolctl names them) to kernels without AVX-512 on a host that has it
     (``host_features``: LLVM's feature string of the host), else None. The value is the user's (or their
-    platform's), so it is kept; prefill's GEMMs pay for it: on a 2-vCPU Zen 5 VM a 128 x 640 by 640 x 4096
-    sgemm took 2.91 ms pinned to Haswell, 1.78 ms with the variable unset (OpenBLAS picks SkylakeX)."""
+    platform's), so it is kept; prefill's GEMMs pay for it (figures: docs/backend-cpu.md#blas-and-openmp-spin)."""
     core = os.environ.get("OPENBLAS_CORETYPE", "").strip()
     narrow = [a for a in architectures if a and a.lower() not in AVX512_CORES]
     if not core or not narrow or "+avx512f" not in host_features.split(","):

@@ -85,8 +85,9 @@ def decode_sweep(
     """One row per batch size: aggregate decode tokens/s (median, interval, samples), the per-token latency
     each request sees (step time percentiles), the ratio to batch 1 and the bandwidth bound.
 
-    Each size warms up for ``warmups`` runs of the measured shape and (unless ``warmups`` is 0) at least ``warmup_s`` seconds: on the H100's driver a
-    newly created pipeline ran ~3.3x slower for its first ~2.4 s (6.9 vs 2.07 ms per batch-8 step)."""
+    Each size warms up for ``warmups`` runs of the measured shape and (unless ``warmups`` is 0) at least
+    ``warmup_s`` seconds: a GPU driver may run a newly created pipeline several times slower for its first
+    seconds (docs/backend-vulkan.md#batched-decode)."""
     sizes = sorted(set(batch_sizes))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")

@@ -51,7 +51,7 @@ def _aie_array(generation: str, physical_columns: int, usable_columns: int, cloc
     channel moves 32 bit per cycle, 4 compute rows; clocks follow from the published TOPS (npu1: 10 TOPS =
     20 cores x 256 int8 MAC x 2 x 1.0 GHz; Hawk Point 16 TOPS at 1.6 GHz; npu2: 50 TOPS = 32 x 512 x 2 x
     1.53 GHz). One design uses at most ``usable_columns`` (mlir-aie's npu1_4col, npu2). An XRT launch costs
-    ~120-160 us (DESIGN.md section 6; midpoint used)."""
+    ~120-160 us (published; midpoint used: docs/backend-npu.md#the-cost-model-and-its-figures)."""
     return {
         "generation": generation,
         "physical_columns": physical_columns,
@@ -210,9 +210,8 @@ def stream_read_gbs(threads: int, mb: int = 256, repeats: int = 5, arr: np.ndarr
 
 def thread_round_trip_us(threads: int, loops: int = 2000) -> float:
     """Microseconds of one empty numba parallel loop on ``threads`` threads (hand the work out, wait for the
-    threads), median of 5 batches of ``loops``. On the 2-vCPU dev VM it moved with the host's bandwidth
-    (~0.8 us at ~45 GB/s, ~2 us at ~72 GB/s): the vCPUs then sat on two chiplets, whose every exchange
-    of data (each parallel op's outputs) costs more."""
+    threads), median of 5 batches of ``loops``. On a VM it can move with the host's bandwidth (vCPUs placed
+    on one chiplet or on two, where every exchange of data costs more: docs/backend-cpu.md#machines)."""
     from .. import _numba
 
     nb = _numba.numba

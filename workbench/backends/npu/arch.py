@@ -24,7 +24,8 @@ DTYPE_BYTES = {"bf16": 2, "i8": 1, "i16": 2, "i32": 4, "f32": 4}
 # fraction of the MAC tile rate the kernels' software-pipelined inner loops issue: i16 (and i8, assumed
 # alike) one VMAC per cycle (mm.cc's 2x2-expanded loop: four MACs per four cycles, its four 256-bit operand
 # loads take two on the two load units); bf16 set so that a 64x64x64 mm.cc call sustains ~50% of the MAC
-# peak, the most whole-array bf16 GEMM reaches (DESIGN.md section 6, mlir-aie issue #2735)
+# peak, the most whole-array bf16 GEMM reaches (published, mlir-aie issue #2735;
+# docs/backend-npu.md#the-cost-model-and-its-figures)
 MAC_EFFICIENCY = {"i16": 1.0, "i8": 1.0, "bf16": 0.75}
 # cycles per 2 x 2 group of output accumulators (2r x 2t values) of mm.cc's expanded matmul kernels outside
 # the k-loop: load, shift-round-saturate and store the four accumulators, loop prologue and epilogue (the

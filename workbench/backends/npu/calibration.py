@@ -102,7 +102,7 @@ def _smallest(a: AieArray) -> Schedule:
 CALIBRATION: tuple[Figure, ...] = (
     Figure(
         "single-core 512^3 i16->i32 GEMM, 32x32x32 tiles", "hawkpoint", 67.9, "GOPS",
-        SRC_OPEN_XDNA + "; DESIGN.md section 6", _single_core(512), 2 * 512**3,
+        SRC_OPEN_XDNA, _single_core(512), 2 * 512**3,
         notes="3956 us per run; sets BURST_CYCLES with the next row (the design is shim-DMA bound: 64 B runs)",
     ),
     Figure(
@@ -123,7 +123,7 @@ CALIBRATION: tuple[Figure, ...] = (
 CHECKS: tuple[Figure, ...] = (
     Figure(
         "16-core (4x4) 512^3 i16->i32 GEMM (gemm-512-4col), fresh buffers", "npu1", 264.7, "GOPS",
-        SRC_MRTIB + "; " + SRC_TOOLKIT + " gemm-multi-benchmark.md; DESIGN.md section 6", _whole_array,
+        SRC_MRTIB + "; " + SRC_TOOLKIT + " gemm-multi-benchmark.md", _whole_array,
         2 * 512**3, fresh_buffers=True,
         notes="1.01 ms per run, " + FRESH_BUFFERS + " (2 MiB of buffers: the modeled host side is ~60% of the time)",
     ),
@@ -137,7 +137,7 @@ CHECKS: tuple[Figure, ...] = (
     Figure(
         "XRT launch + wait of the smallest design", "hawkpoint", 127.5, "us",
         SRC_OPEN_XDNA + ": passthrough_kernel (4096 B), NPU time avg 127.5 us (120.7-135.9)", _smallest,
-        notes="the launch cost is a model input (arch launch_us: DESIGN.md section 6, ~120-160 us, midpoint); "
+        notes="the launch cost is a model input (arch launch_us: published ~120-160 us, midpoint); "
         "this row checks it against a measured near-empty design",
     ),
 )  # fmt: skip

@@ -159,39 +159,34 @@ class CpuBackend(Backend):
         # kernels for each row over each weight row, as single-token steps compute them. Steps of
         # batch_min_rows..batch_rows rows use the batched kernels, which compute rows in groups of 8 (a row's
         # result independent of the batch): rows16.py with act_quant int16/int8 (activations quantized as
-        # single-token decode quantizes them; LM head at 8 rows 6.9 -> 5.4 TSC cycles per block and row
-        # against the float kernel, one thread), rows.py with act_quant none (exact float activations).
-        # Measured on this 2-core Zen 1 host (bench-batch -p 64 -g 32, aggregate tok/s, batch 1: 53): the
-        # batched kernels 18 / 35 / 54 / 68 at 2 / 4 / 6 / 8 rows, the one-row kernels 54 / 63 / 67 / 68, so
-        # the batched kernels start above 8 rows.
+        # single-token decode quantizes them), rows.py with act_quant none (exact float activations). The
+        # batched kernels start above 8 rows: below, the one-row kernels were faster (figures:
+        # docs/backend-cpu.md#batched-kernels).
         self.batch_rows = self.tunable("batch_rows", batch_rows)
         self.batch_min_rows = self.tunable("batch_min_rows", batch_min_rows)
         # Q5_0 weights converted at load to Q8_0 blocks of the same values (workbench.quant.repack): 55% more
         # bytes, but on AVX2 hosts a Q8_0 block computes in ~2/3 of a Q5_0 block's time (its fifth bits
         # cost a third of the work), and decode's Q5_0 projections are compute-bound. Default: on, except
-        # with the 512-bit kernels (dotwide.py), whose Q5_0 rows ran as fast as the repacked ones (2-core
-        # Zen 5: ffn_gate 0.47 vs 0.51 ms a token, decode 160 vs 158 tok/s) for 23 MB less to read and hold
+        # with the 512-bit kernels (dotwide.py), whose Q5_0 rows ran as fast as the repacked ones for less to
+        # read and hold (figures: docs/backend-cpu.md#512-bit-kernels)
         if q5_0_as_q8_0 is None:
             q5_0_as_q8_0 = not mv.WIDE
         self.q5_0_as_q8_0 = self.tunable("q5_0_as_q8_0", q5_0_as_q8_0)
         # Q5_0 weights regrouped at load four blocks at a time (Q5_0_X4, workbench.quant.repack; rows of a
-        # multiple of 128 values), same bytes, for the 512-bit kernels: one thread, a 256 x 2048 weight in
-        # L2, 1.14 -> 0.80 ns per 32 values (2-core Zen 5). Default: with the 512-bit kernels (q5_0_as_q8_0,
+        # multiple of 128 values), same bytes, so that the 512-bit kernels read whole blocks in value order
+        # (figures: docs/backend-cpu.md#512-bit-kernels). Default: with the 512-bit kernels (q5_0_as_q8_0,
         # when on, is applied first)
         if q5_0_as_x4 is None:
             q5_0_as_x4 = mv.WIDE
         self.q5_0_as_x4 = self.tunable("q5_0_as_x4", q5_0_as_x4)
         # Q6_K weights repacked at load with their codes as int8 (Q6_K_I8): 30% more bytes, the bit planes
-        # no longer rebuilt per token; measured (scripts/kernel_bench.py, 2 threads, load 0.55) on the
-        # default model's Q6_K ffn_down tensors: 1.01 -> 0.76 ms a token (best of 9), decode step
-        # 16.94 -> 16.46 ms (medians, steps of both interleaved, load ~1)
+        # no longer rebuilt per token (figures: docs/backend-cpu.md#128-bit-kernels)
         self.q6_k_as_i8 = self.tunable("q6_k_as_i8", q6_k_as_i8)
         # Q8_0, Q5_0 and Q4_K weights (of a multiple of 16 rows) with 16 rows interleaved at load (Q8_0_R16,
-        # Q5_0_R16, Q4_K_R16: interleaved.py), as many bytes: one thread, a 256 x 2048 weight in L2, ns per
-        # 32 values of a row Q8_0 0.75 -> 0.43, Q5_0 0.86 -> 0.50; the default model's seven layer roles
-        # 2.82 -> 1.94 ms a pass (2-core Zen 5). Default: on AVX512-VNNI hosts with int16 activations (the
-        # int8 and float paths have no interleaved kernels and would read such rows back one by one); never
-        # for the weights of sparse ops, which read single rows
+        # Q5_0_R16, Q4_K_R16: interleaved.py), as many bytes, one vpdpwssd per pair of values of 16 rows
+        # (figures: docs/backend-cpu.md#rows-interleaved-16-at-a-time). Default: on AVX512-VNNI hosts with
+        # int16 activations (the int8 and float paths have no interleaved kernels and would read such rows
+        # back one by one); never for the weights of sparse ops, which read single rows
         if interleave_rows is None:
             interleave_rows = act_quant == "int16" and mv.VNNI
         self.interleave_rows = self.tunable("interleave_rows", interleave_rows)
@@ -200,7 +195,7 @@ class CpuBackend(Backend):
         # (fewer threads run the shards in turn); 1: the row-parallel program of program.py. Default: 2 up to
         # 2 threads (1 and 2 threads then give the same results); with more threads the row-parallel program,
         # which puts every thread on every projection (shards leave all but decode_shards threads idle in the
-        # layers; not measured on such hosts)
+        # layers; not measured on such hosts). Figures: docs/backend-cpu.md#decode-shards
         if decode_shards is None:
             decode_shards = 2 if (self.threads or numba.config.NUMBA_NUM_THREADS) <= 2 else 1
         self.decode_shards = self.tunable("decode_shards", decode_shards)
@@ -663,8 +658,8 @@ def _rmsnorm_matmul_gelu(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
 
 def _gelu(g: np.ndarray, u: np.ndarray, name: str, env: Env) -> None:
     # the numba kernel at any row count: one thread (a parallel loop here would wake numba's thread pool
-    # between BLAS calls, and the two pools then fight over the cores), a quarter of numpy's time at
-    # 128 x 2048 (0.06 vs 0.24 ms, Zen 5)
+    # between BLAS calls, and the two pools then fight over the cores), faster than numpy's even for
+    # prefill (figures: docs/backend-cpu.md#elementwise-kernels)
     k.gelu_mul(g, u, _out(env, name, g))
 
 

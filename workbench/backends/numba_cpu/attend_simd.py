@@ -10,8 +10,7 @@ in ``seen``:
 
 Both read ``16 * (head_dim // 16)`` dims; the caller adds the rest (head_dim % 16, none for Gemma 3). The
 loops numba made of the same arithmetic summed each key's dot product in one chain and kept the weighted
-sums in memory. 256-dim heads, 4 query heads per KV head, 190 keys, one thread, cache in L2 (Zen 5 VM):
-scores 44 -> 17 ns a key, weighted values 39 -> 13 ns.
+sums in memory, at two to three times the time (figures: docs/backend-cpu.md#decode-attention).
 """
 
 from __future__ import annotations

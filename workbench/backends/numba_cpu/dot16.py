@@ -6,11 +6,10 @@ unpacks, multiplied with ``vpmaddwd`` (8 word pairs -> 4 x i32), summed per bloc
 once and FMA'd with the block's combined scale (weight scale x activation scale) into float accumulators
 kept across the row; one horizontal sum per row.
 
-All vectors are 128 bits wide. On Zen1 (AVX2, 256-bit operations split in two) that is faster: measured
-with hand-written loops on this machine, a Q8_0 block takes 5.8 cycles at 128 bits against 6.8-7.0 in
-256-bit forms (and 6.9 for llama.cpp's int8 ``vpmaddubsw`` form, so int16 activations, the more accurate
-ones, cost nothing extra); through the kernels (one thread, rows in L2), per block: Q8_0 7.5 -> 6.5,
-Q4_K 9.8 -> 8.3, Q6_K 14.0 -> 11.9 cycles against the previous 256-bit code. Tricks that save operations:
+All vectors are 128 bits wide: on cores that split 256-bit operations in two (AVX2 with 128-bit
+datapaths) that is faster than 256-bit code, and int16 activations, the more accurate ones, cost no more
+than llama.cpp's int8 ``vpmaddubsw`` form (figures: docs/backend-cpu.md#128-bit-kernels). Tricks that save
+operations:
 
 * nibbles are masked in place after widening: ``word & 0x0F`` is the low nibble, ``word & 0xF0`` sixteen
   times the high one; the factor 16 goes into the float scale (exact);
@@ -143,8 +142,8 @@ class _Row:
 
 # -- one-scale 32-value blocks: Q8_0, Q4_0, Q5_0 ------------------------------------------------------
 def _q8_0_block(r: _Row, base, u) -> ir.Value:
-    """Four 8-byte quarters widened by vpmovsxbw from memory, all at 128 bits (on Zen1 fewer cycles than
-    the 256-bit form: measured 5.8 against 6.8-7.0 cycles per block in hand-written loops)."""
+    """Four 8-byte quarters widened by vpmovsxbw from memory, all at 128 bits (fewer cycles than the 256-bit
+    form where 256-bit operations are split in two)."""
     b = r.b
     return _sum(
         b, [_madd(b, _wide(b, _load(b, base, 2 + 8 * i, vt(I8, 8)), True), r.x(u, i)) for i in range(4)]

@@ -14,10 +14,7 @@ keeps its order): the low nibbles of 64 bytes of Q4_K (or of Q5_0_X4) are blocks
 high ones blocks 1 and 3, so each pair of blocks meets 64 contiguous activation bytes. Q8_0 and Q6_K_I8
 gather their pairs from two 32-byte loads.
 
-Measured on the 2-core Zen 5 VM (``scripts/kernel_bench.py --threads 2 --act int16|int8``, the default
-model's tensors, all layers of a role in turn, best of 9): ms a pass, attn_q 0.20 -> 0.15, attn_output
-0.19 -> 0.14, ffn_gate 0.35 -> 0.28, ffn_down (Q4_K and Q6_K_I8) 0.31 -> 0.24; the Q8_0 LM head ~3.3 both
-(the memory's pace).
+Figures against the int16 kernels: docs/backend-cpu.md#int8-activations-by-vnni.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """Decode dot products with int16 activations for hosts with AVX-512BW: a whole 32-value block per instruction.
 
-:mod:`.dot16` builds its kernels from 128-bit operations, the fastest form on Zen 1 (which splits wider ones
-in two). A host with AVX-512BW executes 512-bit integer operations whole, so here each 32-value block is
+:mod:`.dot16` builds its kernels from 128-bit operations, the fastest form on cores that split wider ones
+in two. A host with AVX-512BW executes 512-bit integer operations whole, so here each 32-value block is
 decoded into one ``<32 x i16>`` vector and multiplied with the block's activations by one ``vpmaddwd``, and
 its ``<16 x i32>`` pair sums go into 16-lane float accumulators by one conversion and one FMA. Q5_0's fifth
 bits become a mask register (``kmovd``) that selects, per value, the nibble or the nibble - 16 in one masked
 operation, where the 128-bit code spends a byte shuffle, a mask and a compare per 16 values.
 
-Measured on a 2-core AMD EPYC VM (Zen 5, LLVM cpu znver5), against the 128-bit kernels: one thread, a
-256 x 2048 weight in L2, ns per 32 values: Q8_0 1.27 -> 0.73, Q5_0 1.74 -> 1.14, Q4_K 1.33 -> 0.80;
-``scripts/kernel_bench.py`` (the default model's tensors from memory, 2 threads, weight GB/s): Q4_K
-attn_output 24.3 -> 34.9, Q4_K ffn_down 27.2 -> 42.3, Q5_0 ffn_gate 24.2 -> 34.8, Q8_0 LM head ~48 both
-(the memory's pace); decode 142 -> 158 tok/s (bench -p 128 -g 64, medians of three runs).
-
 Two layouts the backend repacks at load have kernels here too: Q5_0_X4 (Q5_0 regrouped so that 32 bytes
-hold two whole blocks: 1.14 -> 0.80 ns per 32 values) and Q6_K_I8 (its codes as int8, each block's two
-16-value scales applied by one FMA: 1.15 -> 0.66 ns against the 128-bit kernel). Q4_K's d and dmin are
-converted from memory: as scalar halves they merged into an accumulator's register (``vpinsrw``) and
-chained the superblocks (0.78 -> 0.755 ns).
+hold two whole blocks) and Q6_K_I8 (its codes as int8, each block's two 16-value scales applied by one
+FMA). Q4_K's d and dmin are converted from memory: as scalar halves they merged into an accumulator's
+register (``vpinsrw``) and chained the superblocks. Figures against the 128-bit kernels:
+docs/backend-cpu.md#512-bit-kernels.
 """
 
 from __future__ import annotations
@@ -59,8 +53,8 @@ from .simd import (
     vt,
 )
 
-# bytes of the weight stream prefetched ahead (dot16's 2 KB suits Zen 1; Zen 5, 2 threads, LM head: 2 KB
-# 2.90-2.95 ms, 8 KB 2.21-2.33 ms, 16 KB 2.22-2.83 ms; the per-layer tensors alike at all three)
+# bytes of the weight stream prefetched ahead: farther than dot16's 2 KB, which left the LM head slower on
+# an AVX-512 host (figures: docs/backend-cpu.md#prefetching)
 PREFETCH_AHEAD = 8192
 LANES = 16  # float lanes of an accumulator (the <16 x i32> pair sums of one block)
 ACCS = 4  # independent accumulators

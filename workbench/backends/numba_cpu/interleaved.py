@@ -8,11 +8,7 @@ scales times the block's activation scale) per block *of 16 rows*; Q4_K's 6-bit 
 unpacked once per superblock for the 16 rows at once. The integer sums are those of the row kernels
 (exact), so only the order of the float sums differs.
 
-Measured on the 2-vCPU Zen 5 VM, one thread: 256 x 2048 weights in L2, ns per 32 values of a row, Q8_0
-0.746 -> 0.432, Q5_0 (against Q5_0_X4) 0.856 -> 0.501; ``scripts/kernel_bench.py --threads 1`` (the default
-model's tensors of all 18 layers in turn, best of 7), ms a pass: attn_q 0.36 -> 0.25, attn_output (Q4_K)
-0.33 -> 0.20, ffn_gate 0.70 -> 0.46, ffn_up 0.67 -> 0.46, the Q4_K ffn_down 0.28 -> 0.15; the seven layer
-roles 2.82 -> 1.94 ms.
+Figures against the row kernels: docs/backend-cpu.md#rows-interleaved-16-at-a-time.
 
 On a host without AVX512-VNNI the same arithmetic is emitted as plain IR (``vpmaddwd`` and an add):
 correct anywhere, and the backend interleaves by default only where ``vpdpwssd`` exists."""

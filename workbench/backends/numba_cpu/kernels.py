@@ -175,8 +175,8 @@ def attend_serial(q, keys, vals, kpos, qpos, n_heads, head_dim, scale, window, o
 def attend_rows(q, keys, vals, kpos, qpos, n_heads, head_dim, scale, window, out):  # pragma: no cover
     """Causal (sliding-window) attention of the query rows ``q`` at positions ``qpos`` over the slots
     ``keys``/``vals``/``kpos`` (prefill and verification steps), a row at a time in the vector kernels of
-    decode. Rows are paired first with last, so that each thread gets as many keys as the other. A prefill of
-    128 tokens (default model, Zen 5 VM, 2 threads): attention 17.3 -> 6.1 ms against 2-D BLAS products."""
+    decode. Rows are paired first with last, so that each thread gets as many keys as the other; faster than
+    2-D BLAS products per KV head (figures: docs/backend-cpu.md#decode-attention)."""
     _check_rows(q, keys, vals, kpos, out)
     t = q.shape[0]
     for i in numba.prange((t + 1) // 2):

@@ -2,7 +2,8 @@
 
 Every kernel takes the weight as ``uint8`` (rows, bytes per row), exactly as stored in the GGUF file, and
 a small number of activation rows (decode, batched decode, speculative verification); prefill of many
-tokens dequantizes weight tiles and multiplies with BLAS instead (see ``gemm.py``).
+tokens dequantizes weight tiles and multiplies with BLAS instead (``CpuBackend._gemm``). Which kernel a row
+runs and why: docs/backend-cpu.md#how-the-decode-kernels-are-chosen.
 """
 
 from __future__ import annotations
@@ -477,8 +478,7 @@ def _prefetch_share(pf, i, n_tasks):  # pragma: no cover - compiled
     bytes each): the KV rows of the next decode attention, during the gate/up projection before it (the
     cache is cold: a token's weights streamed through since). With the static schedule the first thread
     prefetches the first half of the rows, which the first half of the attention's key ranges (its share
-    there too) reads. Zen 5 VM, 2 threads, bench -p 128 -g 64, three alternating pairs at ~50 GB/s:
-    attention 0.236-0.261 -> 0.190-0.206 ms a token, gate/up 0.715-0.781 -> 0.798-0.819."""
+    there too) reads. Figures: docs/backend-cpu.md#prefetching."""
     lines = pf[2] // 64 + 1  # a region not aligned to 64 bytes ends in one more line
     for ln in range(i * lines // n_tasks, (i + 1) * lines // n_tasks):
         prefetch(pf[0] + ln * 64)
@@ -547,11 +547,10 @@ def matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt, pf, maxima):  # pragma: no 
     """``outs[j][t, :] = W_j . activation row t`` for the first ``n_w`` weights of table ``wt`` (a row per
     weight: format, address, row bytes, rows, units), in one parallel loop over tasks of ``rpt`` rows, each
     thread an equal share. For the LM head (a table of more than CLAIMED_ROWS rows) threads instead claim
-    big tasks from a shared counter, so a slower thread leaves work to the other (measured on the 2-core
-    Zen 1 host: LM head 8.8 -> 8.4 ms; claiming tasks of small tables cost more than it saved: an atomic
-    crossing cores per task), the first half of the iterations from the front of the tasks, the second
-    half from the back, so that each thread streams one contiguous stretch of the weight (2-vCPU Zen 5 VM,
-    host streaming 65-78 GB/s: 2.88 ms with alternating claims, 2.5-2.6 with equal static shares).
+    big tasks from a shared counter, so a slower thread leaves work to the other (for small tables an atomic
+    crossing cores per task cost more than it saved), the first half of the iterations from the front of the
+    tasks, the second half from the back, so that each thread streams one contiguous stretch of the weight
+    (figures: docs/backend-cpu.md#the-lm-head).
     ``pf``: a region whose lines the tasks of a table of equal shares prefetch (:func:`_prefetch_share`).
     ``maxima``: see :func:`_wants_maxima`; returns the number of tasks whose maxima it holds (0: none)."""
     size, starts, claim = _table_tasks(wt, n_w, rpt)

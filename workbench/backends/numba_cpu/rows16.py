@@ -3,13 +3,11 @@
 The int16 twin of :mod:`.rows` (used when the backend quantizes activations, its default): activation rows
 are quantized per 32-value block as single-token decode quantizes them (:func:`.matvec.quantize_rows_i16`),
 a weight block is decoded to 32 words once, and each row takes its integer dot product with ``vpmaddwd``
-(8 MACs an instruction on one pipe: on Zen1 the MAC rate of float FMAs too, but the activations load half
-the bytes and no weight value is converted to float). Per row and block: the integer sum times
-(weight scale x activation scale), accumulated with explicit FMAs and no fast-math flags, the k-quants'
-mins subtracted as ``min x scale x sum(xq)``; each row runs the same code in any slot of any batch, so a
-row's result does not depend on the batch. Measured on the LM head at 8 rows (one thread, load ~1.1-1.5):
-6.9 TSC cycles per block and row with the float kernel, 5.4 with this one; `workbench bench-batch -p 64
--g 32 -r 5 --batch-sizes 1,8` (2 threads, load ~0.5 at the start): batch 8 56.9 -> 74.8 tok/s aggregate.
+(8 MACs an instruction on one pipe: on cores with 128-bit datapaths the MAC rate of float FMAs too, but the
+activations load half the bytes and no weight value is converted to float). Per row and block: the integer
+sum times (weight scale x activation scale), accumulated with explicit FMAs and no fast-math flags, the
+k-quants' mins subtracted as ``min x scale x sum(xq)``; each row runs the same code in any slot of any
+batch, so a row's result does not depend on the batch. Figures: docs/backend-cpu.md#batched-kernels.
 """
 
 from __future__ import annotations

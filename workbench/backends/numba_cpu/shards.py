@@ -2,9 +2,8 @@
 
 A program (:mod:`.program`) runs each projection as a parallel loop over its rows, and the norms, RoPE and
 attention on one thread: ~90 hand-offs a token, each exchanging vectors that one thread wrote and the other
-reads. Where the threads sit on two chiplets (the dev VM's "fast state": ~2 us a hand-off, ~5.5 us to read
-what the other thread wrote, against 0.8 and 2.2 us on one chiplet), the layers took 2.23 ms a token in
-that program and 1.43 here (2-vCPU Zen 5, ~80 GB/s; even in the slow state).
+reads. Where the threads sit on two chiplets every hand-off costs microseconds, as much in all as streaming
+the layers' weights; here a layer has two (figures: docs/backend-cpu.md#decode-shards).
 
 Here each of ``n_shards`` shards runs every layer on its own copy of the residual stream: it computes the
 norms and the (small) K and V projections itself, and its own share of the query heads (Q rows, norm,

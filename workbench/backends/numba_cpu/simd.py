@@ -1,9 +1,9 @@
 """Hand-built vector code for the quantized kernels: numba intrinsics that emit LLVM IR.
 
 numba's auto-vectorizer turns block-wise quantized dot products into scalar code or per-block horizontal
-reductions (DESIGN.md section 8). Here each GGUF block format has a *decoder* that turns the bytes of a
-block, read in place from the GGUF layout, into 32 signed 16-bit values plus a scale (and, for the
-k-quants, a min). These consumers use the decoded blocks:
+reductions (docs/backend-cpu.md#why-hand-built-vector-code). Here each GGUF block format has a *decoder*
+that turns the bytes of a block, read in place from the GGUF layout, into 32 signed 16-bit values plus a
+scale (and, for the k-quants, a min). These consumers use the decoded blocks:
 
 * ``f32``: exact float activations: values converted to float and multiplied in float (the exact path).
 * ``dequant``: values times scales (minus mins) stored as float32 (prefill dequantizes into a tile).
@@ -31,10 +31,9 @@ I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64
 F32, HALF = ir.FloatType(), ir.HalfType()
 # float flags of the hand-built code: FMA contraction and no NaN/infinity/signed-zero care, but no
 # reassociation. numba links a kernel's compiled code into each caller as one shared definition per name,
-# and a copy re-optimized inside another caller could sum a row in another order: the same step's logits
-# moved by up to 2.6e-3 (default model) with which copy numba's cache loaded first (program against op by
-# op, or one run against the next). With sums in the order written every copy gives the same bits, and the
-# hot loops keep their instructions (matvec_table_i16 on the Zen 5 VM: vpmaddwd, vpdpbusd, FMA counts equal).
+# and a copy re-optimized inside another caller could sum a row in another order, so a step's logits
+# depended on which copy numba's cache loaded first. With sums in the order written every copy gives the
+# same bits, and the hot loops keep their instructions (docs/backend-cpu.md#float-sums-in-the-order-written).
 FAST = ("nnan", "ninf", "nsz", "contract")
 PREFETCH_AHEAD = 1024  # bytes of the weight stream to prefetch ahead of the block being read
 
@@ -294,9 +293,8 @@ def _pmaddwd(b, a: ir.Value, x: ir.Value) -> ir.Value:
     return b.add(even, odd, flags=("nsw",))
 
 
-# locality hint of the weight streams' prefetches: 0 (prefetchnta), each line read once per token. Zen 5
-# VM, scripts/kernel_bench.py --step, 2 threads, three alternating pairs against 3 (prefetcht0, kept in every
-# level): step 4.95-5.04 vs 5.56-5.77 ms, layers 1.61-1.65 vs 1.97-2.14, LM head 3.34-3.43 vs 3.58-3.69
+# locality hint of the weight streams' prefetches: 0 (prefetchnta), each line read once per token; keeping
+# the lines in every level (3, prefetcht0) cost bandwidth (figures: docs/backend-cpu.md#prefetching)
 WEIGHT_LOCALITY = 0
 
 

@@ -6,7 +6,7 @@ candidate's output against numpy on sampled rows *before* timing it, and times t
 timestamps. The search starts from the defaults and, round by round, tries every one-parameter move of the
 best few (the beam) until no move wins or the time budget is spent. Winners beating the default go to the
 tuning database (:mod:`.tuned`), which the backend then applies to those shapes. Figures are device time
-(measured), never estimates. See docs/backends/vulkan.md.
+(measured), never estimates. See docs/backend-vulkan.md#the-autotuner.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ PROGRAM_TUNABLES = {
     "matvec.max_tokens": 8,
     "matmul.coop": 1,
     "matvec.norm_rows": 65536,
-    "attention.fused_combine": 0,  # the separate merge measured faster on an H100
+    "attention.fused_combine": 0,  # the separate merge measured faster (docs/backend-vulkan.md#single-stream)
     "attention.kv_in_rope": 1,
     "matvec.post_norm": 1,
     "matvec.fp16": 0,  # fp16 products in the decode matvec (devices with shaderFloat16)
@@ -229,8 +229,8 @@ class Tuning:
             "matvec.q8_row_threads": wide,  # steps of 2..8 tokens; 0: from K and matvec.batch_chunks
             "matvec.batch_chunks": 1,  # 8-column chunks per thread in steps of 2..8 tokens (sets the above)
             "matvec.row_block_tall": 4,  # rows per thread group of the LM head in steps of 2..8 tokens
-            # rows per thread group of the other weights in steps of 2..8 tokens (H100, 8 tokens: GPU step
-            # 1.43 -> 1.40 ms with 2, ffn_down 0.231 -> 0.216 ms; 3: 1.52, 4: 1.62)
+            # rows per thread group of the other weights in steps of 2..8 tokens: 2 beat 1, 3 and 4
+            # (docs/backend-vulkan.md#batched-decode)
             "matvec.row_block_batch": 2,
             "matvec.wg_tall": 0,  # workgroup size of the LM head's matvec (0: matvec.wg)
             "matmul.wg": 256,
@@ -262,7 +262,9 @@ class Tuning:
             except ValueError:
                 raise ValueError(f"vulkan backend: tunable {key}={text!r} is not an integer") from None
         if "matvec.q8" not in (overrides or {}):
-            self.values["matvec.q8"] = int(feats.int_dot_fast and hidden >= self.values["matvec.q8_min_hidden"])
+            self.values["matvec.q8"] = int(
+                feats.int_dot_fast and hidden >= self.values["matvec.q8_min_hidden"]
+            )
         if not self.values["matvec.wg_tall"]:
             self.values["matvec.wg_tall"] = self.values["matvec.wg"]
         for key in ROW_THREAD_KEYS:
@@ -352,8 +354,8 @@ def batch_row_threads(v: dict[str, int], k: int, pair: bool = False) -> int:
     """Threads per row of the matvec in steps of 2..8 tokens for a weight of ``k`` columns: the tunable where
     set, else enough threads for ``matvec.batch_chunks`` 8-column chunks each (the power of two at or above
     that count; for a fused gate/up pair, with two weights' work per chunk, the one at or below), at most
-    ``matvec.wg``. An 8-token step is latency bound: on an H100, 640 columns ran best with 128 threads alone
-    and 64 as a pair, 1024 and 2048 columns with 128 and 256."""
+    ``matvec.wg``. An 8-token step is latency bound: the widths that ran best per weight width are in
+    docs/backend-vulkan.md#batched-decode."""
     if v["matvec.row_threads_batch"]:
         return v["matvec.row_threads_batch"]
     lanes = max(k // (8 * v["matvec.batch_chunks"]), 1)

@@ -5,7 +5,7 @@ An entry is keyed by the device's name, its driver version and an op shape (:fun
 driver are never applied (kernels tuned on one driver can be slow or invalid on another); they are counted
 and reported in the backend's device details, as are entries the device cannot run. The file is JSON,
 ``$WORKBENCH_TUNING_DB`` or ``<cache>/tuning/vulkan.json``; writes go through a temporary file and a rename,
-so an interrupted ``tune`` loses nothing already stored. See docs/backends/vulkan.md (the autotuner).
+so an interrupted ``tune`` loses nothing already stored. See docs/backend-vulkan.md#the-autotuner.
 """
 
 from __future__ import annotations
