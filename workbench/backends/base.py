@@ -2,6 +2,7 @@
 
 A backend executes op kinds (never the model itself): it prepares the model's weights once, creates KV
 caches, and runs a step graph with the step's inputs, optionally reporting each op to a profiler.
+The contract and the layering rules around it: docs/architecture.md#backends-and-the-backend-contract.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The numpy reference backend: runs each op with :mod:`workbench.ops.reference` in float32.
 
 Weights are dequantized to float32 on first use and kept (the oracle favours clarity over memory).
+See docs/backend-numpy.md; every kind's reference and what runs it elsewhere: docs/ops.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ other op runs on the numpy reference backend, and each op says where it ran: ``o
   designs with the exact build command) before running a step. It has not run on an NPU yet: none was
   available where it was written; its host side is tested against a stand-in for pyxrt.
 
-Host op times are measured host wall time.
+Host op times are measured host wall time. Designs, the cost model and its published figures:
+docs/backend-npu.md.
 """
 
 from __future__ import annotations

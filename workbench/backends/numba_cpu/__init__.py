@@ -5,6 +5,7 @@ kernels, activations quantized per 32-block (``act_quant``: ``int16`` default, `
 by ``vpdpbusd`` on AVX512-VNNI hosts, ``none`` for the exact float path). Prefill (many rows) dequantizes
 weights to float32 (kept while they fit in ``dense_cache_mib``, else tile by tile) and multiplies with BLAS.
 The graph is rewritten with the fusions of :mod:`workbench.ops.fusion`; each fused kind has one handler here.
+How kernels are chosen, the tunables and what was measured: docs/backend-cpu.md.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from .simd import (
 
 ACCS = 2  # float accumulators per row (independent FMA chains)
 LANES = 4  # float lanes of an accumulator
-PREFETCH_AHEAD = 2048  # bytes of the weight stream prefetched ahead (measured: 1-4 KB alike, none 20% slower)
+PREFETCH_AHEAD = 2048  # bytes of the weight stream prefetched ahead (docs/backend-cpu.md#prefetching)
 
 
 def _bytes(v: int, n: int = 16) -> ir.Constant:
@@ -368,8 +368,8 @@ def _q6_k_body(r: _Row) -> ir.Value:
 def _q6_k_i8_body(r: _Row) -> ir.Value:
     """Q6_K_I8 (Q6_K repacked at load, :mod:`workbench.quant.repack`): the int8 codes of each 32 values
     widened as Q8_0's (four ``vpmovsxbw``), each 16 summed under its own scale (d x scale x the block's
-    activation scale, converted once per superblock): 6.6 against 17.3 TSC cycles per 32 values of Q6_K
-    (one thread, rows in L2; measured under a load average of ~1.5)."""
+    activation scale, converted once per superblock): under half the cycles of decoding Q6_K's bit planes
+    (docs/backend-cpu.md#128-bit-kernels)."""
     b = r.b
 
     def superblock(base, x0, scale):

@@ -269,7 +269,7 @@ def attend_slots(q, keys, vals, seen, n_heads, head_dim, scale, out):  # pragma:
 
     The slots are split in up to ATT_CHUNKS ranges of at least ATT_MIN_KEYS keys, reduced in parallel and
     merged (flash-decoding); the split depends on the number of slots only, so results do not depend on
-    the thread count (measured: 56 -> ~30 us per layer at 150 keys, 2 threads)."""
+    the thread count (docs/backend-cpu.md#decode-attention)."""
     _check_rows(q, keys, vals, seen, out)
     n_seen = seen.shape[0]
     n_ch = max(1, min(ATT_CHUNKS, n_seen // ATT_MIN_KEYS))

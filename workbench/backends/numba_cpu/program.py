@@ -379,7 +379,8 @@ def execute(
 ) -> tuple[np.ndarray, int]:
     """Run ``prog`` for ``step``: a view of the logits in the program's arena (valid until the next run of
     this program) and, with ``argmax``, their argmax found by the LM head's own tasks (-1 where they could not:
-    see :func:`.matvec.argmax_of_tasks`; cold, np.argmax over the 262,144 logits took 57-70 us a token)."""
+    see :func:`.matvec.argmax_of_tasks`; a cold np.argmax over the vocabulary's logits costs more:
+    docs/backend-cpu.md#the-lm-head)."""
     pos, kv, rope, maxima = step_inputs(b, prog, step, argmax)
     stamps = np.zeros(len(prog.ops) + 1 if observer is not None else 0, np.int64)
     t0 = time.perf_counter()

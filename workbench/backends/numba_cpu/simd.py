@@ -86,7 +86,7 @@ def _half(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
     whole: a scalar half loaded with ``vpinsrw`` merges into a register and chains every block's scale to
     the previous one (a false dependency that cost 3x on Q8_0), and converting by integer ops turns
     subnormal halves (99.8% of the Q6_K scales of the default model) into denormal floats, whose
-    arithmetic is a slow microcode path (measured: Q6_K 21 -> 12 cycles per block)."""
+    arithmetic is a slow microcode path (docs/backend-cpu.md#128-bit-kernels)."""
     h = b.zext(_load(b, base, offset, I16), I32)
     v = b.bitcast(b.insert_element(ir.Constant(vt(I32, 4), [0] * 4), h, ir.Constant(I32, 0)), vt(HALF, 8))
     four = b.fpext(b.shuffle_vector(v, v, _const_vec(I32, range(4))), vt(F32, 4))

@@ -3,7 +3,8 @@
 Weights are uploaded once (planar native blocks, :mod:`.weights`); norm weights and RoPE frequency tables
 live in one small buffer; activations in a per-program arena; the KV cache in pooled per-layer buffers.
 A decode step is one submit and one fence wait: greedy decoding samples on the device (``run_greedy``
-reads back 4 bytes), other sampling reads the logits back.
+reads back 4 bytes), other sampling reads the logits back. How kernels are chosen, the tunables and what was
+measured: docs/backend-vulkan.md.
 """
 
 from __future__ import annotations
