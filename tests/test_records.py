@@ -144,3 +144,34 @@ def test_vulkan_driver_version_decoded_as_the_vendor_packs_it():
                    "api_version": "1.4.312"}  # fmt: skip
     mesa = dataclasses.replace(nvidia, vendor_id=0x1002, driver_version=(24 << 22) | (1 << 12) | 3)
     assert mesa.driver_version_text == "24.1.3"
+
+
+def test_snapshot_names_its_own_commit_not_the_checkout_around_it(tmp_path):
+    """A `git archive` snapshot unpacked inside another git checkout records the snapshot's commit (the
+    COMMIT file export-subst fills), never the enclosing checkout's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "other.txt").write_text("another project\n")
+    subprocess.run([*git, "-C", str(tmp_path), "add", "other.txt"], check=True)
+    subprocess.run([*git, "-C", str(tmp_path), "commit", "-qm", "other"], check=True)
+    other = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "HEAD", "workbench"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(snap)], input=archive.stdout, check=True)
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout
+    code = "import json; from workbench.instrument.environment import git_commit; print(json.dumps(git_commit()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=snap, capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(snap)})  # fmt: skip
+    got = json.loads(out.stdout)
+    assert got["commit"] == head.strip() != other.stdout.strip()
+    assert got["dirty"] is False

@@ -267,6 +267,7 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
         result["record"] = str(path)
         result["how"] = how
         result["backend"], result["device"], result["model"] = engine.backend.name, dev.label(), model.name
+        result["command"], result["git"] = record["command"], record["environment"].get("git")
         return result
     finally:
         engine.close()

@@ -309,6 +309,11 @@ def entry_of_output(out: dict[str, Any], rel: str) -> Entry | None:
     elif "prefill_tok_s" in out and "ours" in out:
         e = Entry(kind="bench", device=device_label(rec), **base)
         _bench(e, out, {})
+        # an output names its command and commit since they were added to bench's --json; before that its
+        # settings are unknown, so it is never taken for a default run
+        e.settings = command_label(str(out.get("command") or ""))
+        e.default = e.default and bool(out.get("command")) and "--tune" not in e.settings.split()
+        e.commit = commit_label({"git": out.get("git")})
     elif "accuracy" in out or "speed" in out:
         e = Entry(kind="eval", device=device_label(rec), **base)
         variant = {k: v for k, v in (out.get("variant") or {}).items() if v not in (None, "native", "")}
@@ -583,15 +588,21 @@ def index_markdown(root: str | Path | None = None) -> str:
 # -- the README's table -----------------------------------------------------------------------------------
 
 
+def _rank(e: Entry) -> tuple:
+    """Which of two runs the README's table shows: one compared with llama.cpp, then the later."""
+    return (e.vs_llama_decode is not None, e.created, e.file)
+
+
 def readme_entries(root: str | Path | None = None) -> list[Entry]:
-    """The latest ``bench`` run at default settings for each backend x model, over every question folder."""
+    """The latest ``bench`` run at default settings for each backend x model, over every question folder;
+    a run compared with llama.cpp before one that was not (the table's ratio column)."""
     best: dict[tuple[str, str], tuple[Entry, str]] = {}
     for folder in question_folders(root):
         for e in load_entries(folder):
             if e.kind != "bench" or not e.default or e.decode_tok_s is None:
                 continue
             key = (e.backend, e.model)
-            if key not in best or (e.created, e.file) > (best[key][0].created, best[key][0].file):
+            if key not in best or _rank(e) > _rank(best[key][0]):
                 best[key] = (e, folder.name)
     out = []
     for e, folder in best.values():

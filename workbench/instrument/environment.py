@@ -6,6 +6,7 @@ import functools
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,30 +27,35 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+# written by `git archive` (export-subst in .gitattributes): the commit of a snapshot that has no .git
+ARCHIVE_COMMIT = Path(__file__).resolve().parents[1] / "COMMIT"
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, check=True
+    ).stdout.strip()
+
+
 @functools.cache
 def git_commit() -> dict[str, Any]:
-    """Commit of the workbench checkout (and whether it has uncommitted changes), if it is one."""
+    """Commit of the workbench checkout (and whether it has uncommitted changes): from git when the package
+    sits at the top of its own checkout, else from the COMMIT file a `git archive` snapshot carries (clean by
+    construction); None where neither says (a copy inside some other checkout must not borrow its commit)."""
     root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = (
-            subprocess.run(
-                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
-            != ""
-        )
-        return {"commit": commit, "dirty": dirty}
+        if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() == root:
+            dirty = _git(root, "status", "--porcelain", "--untracked-files=no") != ""
+            return {"commit": _git(root, "rev-parse", "HEAD"), "dirty": dirty}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        pass
+    try:
+        text = ARCHIVE_COMMIT.read_text().strip()
+    except OSError:
+        text = ""
+    if re.fullmatch(r"[0-9a-f]{40}", text):
+        return {"commit": text, "dirty": False, "from": "git archive"}
+    return {"commit": None, "dirty": None}
 
 
 def _kernel_module_version(name: str) -> str | None:
