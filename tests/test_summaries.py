@@ -106,7 +106,8 @@ def question(tmp_path):
            "model": "synthetic:gemma3-1b", "how": "measured", **_bench_results(1.0, 1.0)}  # fmt: skip
     (q / "b1b.json").write_text(json.dumps(dup))  # the output of the record above: left out
     out = {"record": "/w/runs/20261123-114603-bench-d924dfce", "backend": "vulkan", "device": "vulkan:GPU",
-           "model": "Gemma 3 270m", "how": "measured on vulkan:GPU", **_bench_results(59000.0, 815.0)}  # fmt: skip
+           "model": "Gemma 3 270m", "how": "measured on vulkan:GPU", **_bench_results(59000.0, 815.0),
+           "command": "workbench bench --backend vulkan -p 512 -g 128 --json"}  # fmt: skip
     (q / "20261123-bench-final.json").write_text(json.dumps(out))
     batch = {"model": "Gemma 3 270m", "backend": "vulkan", "device": "vulkan:GPU", "how": "measured",
              "decode": [{"batch": 1, "decode_tok_s": {"median": 850.0}, "vs_batch1": {"ratio": 1.0}, "bound_tok_s": 8500.0},
@@ -153,6 +154,11 @@ def test_entries_of_every_kind_of_file(question):
     assert (cpu.vs_llama_prefill, cpu.vs_llama_decode, cpu.default) == (0.8, 1.7, True)
     assert "llama-cpp-python 0.3.36" in cpu.result
     assert not by_file["20261125-110000-bench-11111111.json"].default  # --tune: not the default settings
+    # an output names its command; one that does not (older outputs) is never taken for a default run
+    old_out = json.loads((q / "20261123-bench-final.json").read_text())
+    assert S.entry_of_output(old_out, "x.json").default
+    del old_out["command"]
+    assert not S.entry_of_output(old_out, "x.json").default
     old = by_file["20261123-bench-final.json"]
     assert (old.source, old.model, old.created, old.commit) == (
         "output",
