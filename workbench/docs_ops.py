@@ -318,8 +318,13 @@ def npu(kind: str, designs: dict[str, str]) -> str:
 
 # -- tests ------------------------------------------------------------------------------------------------
 def tests_naming(kind: str) -> list[Path]:
-    """Test files that name the kind: quoted (``"add"``), or as a whole word for names with an underscore."""
-    pattern = re.compile(rf"\b{re.escape(kind)}\b" if "_" in kind else rf"[\"']{re.escape(kind)}[\"']")
+    """Test files that name the kind as an op kind: a name with an underscore as a whole word; a one-word
+    name quoted on a line that speaks of kinds (``op.kind == "add"``, ``{"embed", "rope"} == set(kinds)``),
+    so that ``git add`` or a shader called ``attention`` does not count."""
+    if "_" in kind:
+        pattern = re.compile(rf"\b{re.escape(kind)}\b")
+    else:
+        pattern = re.compile(rf"^(?=.*\bkinds?\b).*[\"']{re.escape(kind)}[\"']", re.MULTILINE)
     return [p for p in sorted((ROOT / "tests").glob("test_*.py")) if pattern.search(p.read_text())]
 
 
@@ -334,7 +339,7 @@ Every op of a step graph has a *kind*; backends execute kinds, never the model
 the cpu backend's handler and the modules it reaches (and whether one-token steps run it inside the
 compiled step program), the Vulkan shaders its dispatches use, what the `npu` backend runs (the designs it
 plans for the default model on `npu1`, bf16 and int8, with their kernel sources; other kinds run on the
-host), and the test files that name the kind.
+host), and the test files that name the kind as an op kind.
 
 - Fused kinds are graph rewrites ([fusion.py](../workbench/ops/fusion.py)): the cpu and Vulkan backends fuse
   in `prepare_graph`; the numpy backend runs a fused op as its parts; the `npu` backend runs the unfused graph.
