@@ -182,7 +182,8 @@ PROGRAM_TUNABLES = {
     "matvec.q8_rows": 1,  # rows per group of threads of the integer matvec in one-token steps
     "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
     # float16 keys and values in the KV cache (16-bit storage buffers; products stay float32): half the
-    # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default until measured
+    # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default: its 16-bit loads are
+    # scalar, and it measured slower (docs/backend-vulkan.md#at-the-familys-sizes-and-the-integer-matvec)
     "kv.fp16": 0,
 }
 SWITCHES = (
