@@ -525,7 +525,7 @@ def argmax_of_tasks(wt, rpt, maxima, n_tasks, out):  # pragma: no cover - compil
     """np.argmax of the output row ``out`` of a table matvec that recorded the maxima of its ``n_tasks`` tasks
     (:func:`matvec_table_i16`'s return): the first task holding the largest, then its first row holding it;
     -1 when an output is not finite (np.argmax then decides: a NaN wins there)."""
-    size, starts, _ = _table_tasks(wt, 1, rpt)
+    size, starts, _ = _table_tasks(wt, np.int64(1), rpt)
     best, at = np.float32(-np.inf), -1
     for i in range(n_tasks):
         m = maxima[i]

@@ -78,7 +78,7 @@ def _view(arena, off, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf=mv.NO_PREFETCH):  # pragma: no cover
+def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf):  # pragma: no cover
     """``outs[j] = x @ W_j.T`` for the first ``n_w`` weights of ``wt``; int16 activations unless levels = 0;
     the tasks prefetch the region ``pf`` describes (see :func:`.matvec._prefetch_share`) and record their
     largest outputs in ``maxima`` where it asks for them; returns the number of tasks recorded."""
@@ -127,8 +127,10 @@ def run_program(
     """Execute the instructions ``code`` for one token at position ``pos``; ``stamps`` (empty: off) receives
     the cycle counter before the first and after each instruction. Returns the argmax of the last
     instruction's output when it is a projection whose tasks fit ``maxima`` (empty: not wanted), else -1."""
+    # counters start as np.int64 (not a bare 0): numba types a call with a literal argument as a separate
+    # specialization, compiling the callee twice
     pf = np.zeros(3, np.int64)
-    last, recorded = code.shape[0] - 1, 0
+    last, recorded = code.shape[0] - 1, np.int64(0)
     if stamps.shape[0]:
         stamps[0] = _cycles()
     for i in range(code.shape[0]):
@@ -158,7 +160,8 @@ def run_program(
             k.add(x, _view(arena, c[C_AUX], kk), out)
         elif op == SPARSE_FFN:  # C_AUX: gate scratch; C_AUX2: kept count (0: statistical, F_SCALE its z)
             g = _view(arena, c[C_AUX], wts[i, 0, mv.W_ROWS])
-            _project(wts[i], 1, x, (g, g, g), levels, xq, xd, xs, rpt, maxima[:0])
+            pf[2] = 0
+            _project(wts[i], np.int64(1), x, (g, g, g), levels, xq, xd, xs, rpt, maxima[:0], pf)
             sp.kept_ffn(wts[i], g[0], c[C_AUX2], fp[i, F_SCALE], levels, x, xq, xd, xs, out[0], c[C_NW])
         else:
             nw = c[C_NW]
@@ -166,7 +169,8 @@ def run_program(
             o1 = _view(arena, c[C_OUTS + 1], wts[i, 1, mv.W_ROWS]) if nw > 1 else o0
             o2 = _view(arena, c[C_OUTS + 2], wts[i, 2, mv.W_ROWS]) if nw > 2 else o0
             if op == MATMUL_NORM_ADD:
-                _project(wts[i], 1, x, (o0, o0, o0), levels, xq, xd, xs, rpt, maxima[:0])
+                pf[2] = 0
+                _project(wts[i], np.int64(1), x, (o0, o0, o0), levels, xq, xd, xs, rpt, maxima[:0], pf)
                 res = _view(arena, c[C_AUX], n)
                 k.rmsnorm_add(o0, norms[c[C_NORM] : c[C_NORM] + n], fp[i, F_EPS], res, out)
             else:

@@ -172,9 +172,10 @@ def _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms,
             )
             resume = False
         elif mode[i] == COLS:
-            mine = parts[epoch % 2, s : s + 1, :n]
+            # a C-contiguous (1, n) view, as the other calls' outputs (one specialization of _project)
+            mine = pg._view(parts.reshape(-1), ((epoch % 2) * n_sh + s) * parts.shape[2], n)
             pf[2] = 0
-            _project(wts[s, i], c0[s, i], 1, _part(a, c[pg.C_IN], kk, s, n_sh), (mine, mine, mine), levels,
+            _project(wts[s, i], c0[s, i], np.int64(1), _part(a, c[pg.C_IN], kk, s, n_sh), (mine, mine, mine), levels,
                      xq[s], xd[s], xs[s], pf)  # fmt: skip
             if timed:
                 spans[0, s, i] += pg._cycles() - t0
@@ -229,8 +230,10 @@ def run_shards(threaded, code, fp, mode, wts, c0, arenas, parts, norms, token, p
     n_sh, end = arenas.shape[0], code.shape[0]
     timed = spans.shape[2] > 0
     if threaded:
-        for s in prange(n_sh):
-            i, resume, epoch = 0, False, 0
+        for sh in prange(n_sh):
+            # typed np.int64 and a non-literal bool, as in the serial loop below: literal or unsigned
+            # arguments would compile _segment once per type
+            s, i, resume, epoch = np.int64(sh), np.int64(0), n_sh < 0, np.int64(0)
             while i < end:
                 i = _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms, token, pos, rope,
                              kv, levels, xq, xd, xs, spans, timed)  # fmt: skip
@@ -243,7 +246,7 @@ def run_shards(threaded, code, fp, mode, wts, c0, arenas, parts, norms, token, p
                         spans[1, s, i] += pg._cycles() - t0
                     resume = True
         return _load_acquire(flags, n_sh * LINE) == 0
-    i, resume, epoch = 0, False, 0
+    i, resume, epoch = np.int64(0), n_sh < 0, np.int64(0)
     while i < end:
         nxt = end
         for s in range(n_sh):
