@@ -27,8 +27,10 @@ from .paths import cache_dir  # noqa: E402
 def _kernel_digest() -> str:
     here = Path(__file__).parent
     h = hashlib.blake2b(digest_size=8)
-    # the kernels' sources, and the layout constants they compile in (quant/repack.py)
-    for f in sorted([Path(__file__), here / "quant" / "repack.py", *(here / "backends").rglob("*.py")]):
+    # the kernels' sources (the cpu backend's package) and the constants they compile in (block layouts and
+    # format codes): not other backends' files, whose edits must not make a user wait for a recompile
+    kernels = [Path(__file__), here / "quant" / "repack.py", here / "quant" / "formats.py"]
+    for f in sorted([*kernels, *(here / "backends" / "numba_cpu").glob("*.py")]):
         h.update(f.read_bytes())
     env = "|".join(os.environ.get(v, "") for v in ("NUMBA_SLP_VECTORIZE", "WORKBENCH_CPU_KERNELS"))
     h.update(f"{numba.__version__}|{env}".encode())

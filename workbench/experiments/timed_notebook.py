@@ -82,6 +82,9 @@ def execute_notebook(
             execution_timeout=cell_timeout_s,
             kernel_name="python3",
             kernel_manager_class=RememberedKernelManager,
+            # the kernel's own warnings (TCP without encryption: it listens on localhost only) are noise in
+            # our output; its errors still show
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
         )
     except Exception as e:
         if expired.is_set():

@@ -51,6 +51,7 @@ from . import rows as rk
 from . import rows16 as r16
 from . import shards as sh
 from . import sparse as sp
+from .compile_progress import CompileProgress
 from .simd import Q4_K_R16, Q5_0_R16, Q8_0_R16, format_code
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
@@ -225,12 +226,13 @@ class CpuBackend(Backend):
             warnings.warn(pin, stacklevel=2)
         self.weights: dict[str, CpuWeight] = {}
         self.norms: dict[str, np.ndarray] = {}
-        self._prepare()
-        widest = max((w.cols for w in self.weights.values() if w.fmt in mv.QUANT_FMTS), default=32)
-        self.xq = mv.act_codes(1, widest, self.vnni)  # activation scratch of the step programs
-        self.xd = np.zeros((1, widest // 32), np.float32)
-        self.xs = np.zeros_like(self.xd)
-        self.jit = self._warm_up()
+        with CompileProgress():  # repacking and the warm-up compile every kernel the model needs
+            self._prepare()
+            widest = max((w.cols for w in self.weights.values() if w.fmt in mv.QUANT_FMTS), default=32)
+            self.xq = mv.act_codes(1, widest, self.vnni)  # activation scratch of the step programs
+            self.xd = np.zeros((1, widest // 32), np.float32)
+            self.xs = np.zeros_like(self.xd)
+            self.jit = self._warm_up()
 
     # -- setup -------------------------------------------------------------------------------------------
     def _prepare(self) -> None:
