@@ -122,18 +122,20 @@ def kv_append(kv, layer, c, pos, arena):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def run_program(
-    code, fp, wts, arena, norms, token, pos, rope, kv, levels, xq, xd, xs, rpt, stamps, maxima
+    code, fp, wts, arena, norms, token, pos, rope, kv, levels, xq, xd, xs, rpt, stamps, maxima, start
 ):  # pragma: no cover
-    """Execute the instructions ``code`` for one token at position ``pos``; ``stamps`` (empty: off) receives
-    the cycle counter before the first and after each instruction. Returns the argmax of the last
-    instruction's output when it is a projection whose tasks fit ``maxima`` (empty: not wanted), else -1."""
+    """Execute the instructions ``code`` from ``start`` for one token at position ``pos``; ``stamps`` (empty:
+    off) receives the cycle counter before the first and after each instruction. Stops before an instruction
+    of :func:`run_sparse_instruction` and returns (-1, its index); at the end returns (the argmax of the last
+    instruction's output when it is a projection whose tasks fit ``maxima`` (empty: not wanted), else -1,
+    the number of instructions)."""
     # counters start as np.int64 (not a bare 0): numba types a call with a literal argument as a separate
     # specialization, compiling the callee twice
     pf = np.zeros(3, np.int64)
     last, recorded = code.shape[0] - 1, np.int64(0)
-    if stamps.shape[0]:
+    if stamps.shape[0] and start == 0:
         stamps[0] = _cycles()
-    for i in range(code.shape[0]):
+    for i in range(start, code.shape[0]):
         c = code[i]
         op = c[C_OP]
         kk, n = c[C_K], c[C_N]
@@ -147,22 +149,17 @@ def run_program(
                            c[C_AUX2], out)  # fmt: skip
         elif op == ATTENTION:
             layer, hd = c[C_AUX], c[C_AUX2]
-            keys, vals, kpos, used = kv_append(kv, layer, c, pos, arena)
             if c[C_BLK] > 0:
-                sa.attend_blocks_one(x[0], keys, vals, kpos, used, kv[layer, KV_RING], pos, kk // hd, hd,
-                                     fp[i, F_SCALE], np.int64(fp[i, F_WINDOW]), c[C_BLK : C_BLK + 4], out[0])  # fmt: skip
-            else:
-                k.attend_one(x[0], keys, vals, kpos, used, pos, kk // hd, hd, fp[i, F_SCALE],
-                             np.int64(fp[i, F_WINDOW]), out[0])  # fmt: skip
+                return np.int64(-1), i  # block-sparse attention: run_sparse_instruction
+            keys, vals, kpos, used = kv_append(kv, layer, c, pos, arena)
+            k.attend_one(x[0], keys, vals, kpos, used, pos, kk // hd, hd, fp[i, F_SCALE],
+                         np.int64(fp[i, F_WINDOW]), out[0])  # fmt: skip
         elif op == RMSNORM:  # C_AUX: the group (row length for a plain norm)
             k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX]], fp[i, F_EPS], c[C_AUX], out)
         elif op == ADD:
             k.add(x, _view(arena, c[C_AUX], kk), out)
-        elif op == SPARSE_FFN:  # C_AUX: gate scratch; C_AUX2: kept count (0: statistical, F_SCALE its z)
-            g = _view(arena, c[C_AUX], wts[i, 0, mv.W_ROWS])
-            pf[2] = 0
-            _project(wts[i], np.int64(1), x, (g, g, g), levels, xq, xd, xs, rpt, maxima[:0], pf)
-            sp.kept_ffn(wts[i], g[0], c[C_AUX2], fp[i, F_SCALE], levels, x, xq, xd, xs, out[0], c[C_NW])
+        elif op == SPARSE_FFN:
+            return np.int64(-1), i  # run_sparse_instruction
         else:
             nw = c[C_NW]
             o0 = _view(arena, c[C_OUTS], wts[i, 0, mv.W_ROWS])
@@ -185,9 +182,36 @@ def run_program(
                     k.gelu_mul(o0, o1, out)
         if stamps.shape[0]:
             stamps[i + 1] = _cycles()
+    end = np.int64(code.shape[0])
     if recorded == 0:
-        return -1
-    return mv.argmax_of_tasks(wts[last], rpt, maxima, recorded, arena[code[last, C_OUTS] :])
+        return np.int64(-1), end
+    return mv.argmax_of_tasks(wts[last], rpt, maxima, recorded, arena[code[last, C_OUTS] :]), end
+
+
+@njit(cache=True)
+def stamp(stamps, j):  # pragma: no cover - compiled
+    """stamps[j] = the cycle counter (from Python: the counter is an intrinsic)."""
+    stamps[j] = _cycles()
+
+
+@njit(cache=True)
+def run_sparse_instruction(i, code, fp, wts, arena, pos, kv, levels, xq, xd, xs, rpt):  # pragma: no cover
+    """Instruction ``i`` of a program, one :func:`run_program` stops before: a sparse FFN or a block-sparse
+    attention. Their kernels live here, not in run_program, so a dense model never compiles them."""
+    c = code[i]
+    op, kk, n = c[C_OP], c[C_K], c[C_N]
+    x = _view(arena, c[C_IN], kk)
+    out = _view(arena, c[C_OUT], n)
+    if op == SPARSE_FFN:  # C_AUX: gate scratch; C_AUX2: kept count (0: statistical, F_SCALE its z)
+        g = _view(arena, c[C_AUX], wts[i, 0, mv.W_ROWS])
+        pf = np.zeros(3, np.int64)
+        _project(wts[i], np.int64(1), x, (g, g, g), levels, xq, xd, xs, rpt, np.zeros(0, np.float32), pf)
+        sp.kept_ffn(wts[i], g[0], c[C_AUX2], fp[i, F_SCALE], levels, x, xq, xd, xs, out[0], c[C_NW])
+    else:  # ATTENTION with C_BLK > 0
+        layer, hd = c[C_AUX], c[C_AUX2]
+        keys, vals, kpos, used = kv_append(kv, layer, c, pos, arena)
+        sa.attend_blocks_one(x[0], keys, vals, kpos, used, kv[layer, KV_RING], pos, kk // hd, hd,
+                             fp[i, F_SCALE], np.int64(fp[i, F_WINDOW]), c[C_BLK : C_BLK + 4], out[0])  # fmt: skip
 
 
 @dataclass
@@ -388,8 +412,15 @@ def execute(
     pos, kv, rope, maxima = step_inputs(b, prog, step, argmax)
     stamps = np.zeros(len(prog.ops) + 1 if observer is not None else 0, np.int64)
     t0 = time.perf_counter()
-    token = run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos, rope, kv,
-                        b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima)  # fmt: skip
+    token, i = run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos, rope,
+                           kv, b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima, 0)  # fmt: skip
+    while i < len(prog.code):  # a sparse instruction, then the rest
+        run_sparse_instruction(i, prog.code, prog.fp, prog.wts, prog.arena, pos, kv, b.levels, b.xq, b.xd, b.xs,
+                               b.rows_per_task)  # fmt: skip
+        if stamps.shape[0]:
+            stamp(stamps, i + 1)
+        token, i = run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos,
+                               rope, kv, b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima, i + 1)  # fmt: skip
     if observer is not None:
         per_s = cycle_rate()
         for i, op in enumerate(prog.ops):

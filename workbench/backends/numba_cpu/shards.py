@@ -394,8 +394,8 @@ def execute(
             f"{numba.get_num_threads()} threads); run with --tune decode_shards=1 or on fewer shards than threads"
         )
     t1 = time.perf_counter()
-    token = pg.run_program(prog.code[n:], prog.fp[n:], prog.wts[n:], prog.arena, prog.norms, 0, pos, rope, kv,
-                           b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima)  # fmt: skip
+    token, _ = pg.run_program(prog.code[n:], prog.fp[n:], prog.wts[n:], prog.arena, prog.norms, 0, pos, rope, kv,
+                              b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima, 0)  # fmt: skip
     if observer is not None:
         per_s = pg.cycle_rate()
         at = t0
