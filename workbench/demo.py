@@ -23,18 +23,21 @@ def best_backend() -> str:
     """The backend the workgroup sweep tunes: vulkan on a real GPU once built, else cpu."""
     from . import load
 
+    model = load("gemma3-270m")
+    built = None  # the decode_shards of a cpu backend auto built
     try:
-        b = make_backend("auto", load("gemma3-270m"))
+        b = make_backend("auto", model)
     except Exception as e:  # any failure means: use cpu, and say so
         print(f"demo: auto backend unavailable ({e}); using cpu", file=sys.stderr)
-        return "cpu"
-    name = b.name if b.name in ("cpu", "vulkan") else "cpu"
-    built = getattr(b, "decode_shards", None) if b.name == "cpu" else None
-    b.close()
+        name = "cpu"
+    else:
+        name = b.name if b.name in ("cpu", "vulkan") else "cpu"
+        built = getattr(b, "decode_shards", None) if b.name == "cpu" else None
+        b.close()
     if name == "cpu":  # the sweep runs with and without decode shards: build both programs' kernels here,
-        # with a progress bar, not silently inside a notebook point (the auto backend built one of them)
+        # with a progress bar, not silently inside a notebook point
         for shards in {1, 2} - {built}:
-            make_backend("cpu", load("gemma3-270m"), decode_shards=shards).close()
+            make_backend("cpu", model, decode_shards=shards).close()
     return name
 
 

@@ -29,9 +29,8 @@ from ..ops.kinds import distinct_keys, op_cost
 from .placement_rules import DEVICES, assign_rules, block_of, is_custom
 from .timeline import Task, Timeline, schedule
 
-# roofline efficiency of projected GPU/CPU ops (sources: docs/architecture.md#projections): published
-# llama.cpp decode on the 780M implies ~73-80 of 89.6 GB/s, half of peak FLOP/s for matmul-heavy prefill,
-# a few us per dispatch of a recorded-and-replayed command buffer
+# roofline efficiency of projected GPU/CPU ops: the share of peak bandwidth and FLOP/s a projection assumes,
+# and the cost of one dispatch of a recorded command buffer (sources and figures: docs/architecture.md#projections)
 BW_EFFICIENCY = 0.85
 FLOP_EFFICIENCY = 0.5
 DISPATCH_S = 5e-6
