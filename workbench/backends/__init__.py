@@ -58,6 +58,10 @@ def make_backend(name: str, model: Model, **options: Any) -> Backend:
     errors = []
     for cand in auto_candidates():
         try:
+            why_not = backend_class(cand).auto_rejection(**options)
+            if why_not:
+                errors.append(f"{cand}: {why_not}")
+                continue
             backend = backend_class(cand)(model, **options)
         except BackendUnavailableError as e:
             errors.append(f"{cand}: {e}")

@@ -172,6 +172,12 @@ class Backend(ABC):
         """``{"available": bool, "devices": [...], "reason": str}`` without loading a model."""
         return {"available": True, "devices": [], "reason": ""}
 
+    @classmethod
+    def auto_rejection(cls, **options: Any) -> str | None:
+        """Why ``auto`` should skip this backend with these ``options`` before building it (loading weights,
+        compiling), or None to build it and then ask ``auto_acceptable``."""
+        return None
+
     def supports(self, op: Op) -> bool:
         """Whether this backend executes ``op`` itself."""
         return True

@@ -97,16 +97,22 @@ def _row_groups(raw: np.ndarray, block_bytes: int, name: str) -> np.ndarray:
 
 def _interleaved(g: np.ndarray, start: int, stop: int, granule: int) -> np.ndarray:
     """Bytes ``start:stop`` of each row's block of the row groups ``g`` (:func:`_row_groups`), in granules of
-    ``granule`` bytes, granule by granule and within one the 16 rows: (groups, blocks, 16 * (stop - start))."""
+    ``granule`` bytes (1, 2 or 4; ``start`` and ``stop`` multiples of it), granule by granule and within one the
+    16 rows: (groups, blocks, 16 * (stop - start)).
+
+    Moved as whole granules (a uint16 view for 2 bytes), not byte by byte: ~9x faster, and the cpu backend
+    repacks every weight each time it starts."""
+    if start % granule or stop % granule:
+        raise ValueError(f"bytes {start}:{stop} are not whole granules of {granule}")
     n_g, _, nb, _ = g.shape
-    parts = g[:, :, :, start:stop].reshape(n_g, ROW_GROUP, nb, (stop - start) // granule, granule)
-    return parts.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, -1)
+    parts = g[:, :, :, start:stop].view({1: np.uint8, 2: np.uint16, 4: np.uint32}[granule])
+    return np.ascontiguousarray(parts.transpose(0, 2, 3, 1)).reshape(n_g, nb, -1).view(np.uint8)
 
 
 def q8_0_to_r16(raw: np.ndarray) -> np.ndarray:
-    """Q8_0 rows (a multiple of 16 rows, blocks * 34 bytes) as Q8_0_R16 rows: the same shape and bytes, moved."""
-    g = _row_groups(raw, Q8_0_BYTES, "Q8_0")
-    return np.concatenate([_interleaved(g, 0, 2, 2), _interleaved(g, 2, 34, 2)], axis=2).reshape(raw.shape)
+    """Q8_0 rows (a multiple of 16 rows, blocks * 34 bytes) as Q8_0_R16 rows: the same shape and bytes, moved
+    (the scales, then the values, each in 2-byte granules of the 16 rows: one interleave of the whole block)."""
+    return _interleaved(_row_groups(raw, Q8_0_BYTES, "Q8_0"), 0, Q8_0_BYTES, 2).reshape(raw.shape)
 
 
 def q5_0_to_r16(raw: np.ndarray) -> np.ndarray:
@@ -129,8 +135,7 @@ def q4_k_to_r16(raw: np.ndarray) -> np.ndarray:
     moved."""
     g = _row_groups(raw, Q4_K_BYTES, "Q4_K")
     fields = (
-        _interleaved(g, 0, 2, 2),
-        _interleaved(g, 2, 4, 2),
+        _interleaved(g, 0, 4, 2),  # d, then dmin
         _interleaved(g, 4, 16, 1),
         _interleaved(g, 16, 144, 2),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -20,8 +21,8 @@ from ...models.model import Model
 from ...ops.fusion import fuse
 from ...ops.graph import Graph, Op
 from ...ops.reference import rope_inv_freq
-from ..base import Backend, DeviceInfo, OpObserver, Step
-from .device import VulkanDevice, list_devices
+from ..base import Backend, BackendUnavailableError, DeviceInfo, OpObserver, Step, parse_tune
+from .device import VulkanDevice, list_devices, select_device
 from .kernels import TUNABLE_NAMES, Pipelines, Tuning
 from .kv_cache import KVPool, VulkanKVCache
 from .memory import Buffer, Transfers
@@ -134,6 +135,18 @@ class VulkanBackend(Backend):
         if not self.dev.features.is_cpu:  # on lavapipe the fp32 kernel is the expected path; elsewhere say so
             print(f"vulkan backend: prefill uses the {note}", file=sys.stderr)
         return "matmul", note
+
+    @classmethod
+    def auto_rejection(cls, **options: Any) -> str | None:
+        """A CPU driver (lavapipe) as the device these options select: skipped before any upload."""
+        selector = options.get("device_id")
+        if selector is None:
+            selector = parse_tune(options.get("tune")).get("device")
+        try:
+            feats = select_device(list_devices(), selector)
+        except (BackendUnavailableError, ValueError):
+            return None  # building it reports the same error in full
+        return f"{feats.name} is a CPU driver, slower than the cpu backend" if feats.is_cpu else None
 
     @classmethod
     def probe(cls) -> dict:
