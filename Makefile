@@ -25,8 +25,11 @@ system:
 demo: setup
 	$(PY) -m workbench.demo
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; a test file stays in one process, so its fixtures
+# load once): on a 2-core host the numba compiles and the notebook tests overlap.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses=4 --dist loadfile
 
 # Long fuzzing of the model loaders (bad input never crashes): FUZZ_EXAMPLES random mutated inputs per
 # loader (GGUF, Hugging Face directory), new ones each run; `make test` runs 600 each, the same every run.
