@@ -1,13 +1,14 @@
 #version 450
 // Prefill projection Y[m, row0 + n] = sum_k X[m, k] * W[n, k] on cooperative matrices (tensor cores /
 // WMMA): fp16 inputs, fp32 accumulation. A workgroup of SUBGROUPS subgroups computes a BM x BN tile
-// (BM = WM * TM * 16 tokens, BN = (SUBGROUPS / WM) * TN * 16 weight rows); per step it stages BK = 32
-// columns of X and of the dequantized weight (dequantization fused into the tile load) in shared memory as
-// fp16, and each subgroup multiplies its TM x TN grid of 16x16 matrices. The next step's tiles are loaded
+// (BM = WM * TM * 16 tokens, BN = (SUBGROUPS / WM) * TN * 16 weight rows); per step it stages BK (32 or
+// 64) columns of X and of the dequantized weight (dequantization fused into the tile load) in shared memory
+// as fp16, four values per store, and each subgroup multiplies its TM x TN grid of 16x16 matrices. The next step's tiles are loaded
 // into registers before this step's products, so global loads overlap the matrix work (one barrier pair per
 // step). Whole 16x16 results go straight to the arena; those cut by the edges go through a per-subgroup
 // 16x16 staging tile, bounds-checked. K must be a multiple of 32. Activations beyond the fp16 range are
-// clamped to +-65504 (a documented difference from the fp32 kernel, matmul.comp).
+// clamped to +-65504 (a documented difference from the fp32 kernel, matmul.comp). The shared tiles are
+// arrays of f16vec4, so cooperative-matrix offsets and strides below count 4-value elements.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -24,12 +25,12 @@ layout(constant_id = 1) const uint WM = 2;
 layout(constant_id = 2) const uint TM = 2;
 layout(constant_id = 3) const uint TN = 2;
 layout(constant_id = 4) const uint SG = 32;
+layout(constant_id = 5) const uint BK = 32;  // K columns staged per step: 32 or 64
 const uint SUBGROUPS = WG / SG;
 const uint WN = SUBGROUPS / WM;
 const uint BM = WM * TM * 16u;
 const uint BN = WN * TN * 16u;
-const uint BK = 32;
-const uint SX = BK + 8u;  // row stride of the fp16 staging tiles (16-byte aligned rows, fewer bank conflicts)
+const uint SX4 = BK / 4u + 2u;  // row stride of the staging tiles in f16vec4 (16-byte aligned rows, fewer bank conflicts)
 // loads per thread and step: X as vec4 (BM * BK / 4 in all), W as 8-value chunks (BN * BK / 8 in all)
 const uint XL = (BM * (BK / 4u) + WG - 1u) / WG;
 const uint WL = (BN * (BK / 8u) + WG - 1u) / WG;
@@ -40,8 +41,8 @@ layout(push_constant) uniform PC {
     uint x_off, x_stride, y_off, y_stride;
 } pc;
 
-shared float16_t xs[BM * SX];
-shared float16_t ws[BN * SX];
+shared f16vec4 xs[BM * SX4];
+shared f16vec4 ws[BN * SX4];
 shared float edge[SUBGROUPS * 256u];
 
 #define CM(use, type) coopmat<type, gl_ScopeSubgroup, 16, 16, use>
@@ -71,19 +72,14 @@ void load_tiles(uint k0, uint m0, uint n0, uint tid) {
 void store_tiles(uint tid) {
     [[unroll]] for (uint j = 0u; j < XL; ++j) {
         uint i = tid + j * WG;
-        if (i < BM * (BK / 4u)) {
-            uint o = (i / (BK / 4u)) * SX + 4u * (i % (BK / 4u));
-            f16vec4 h = f16vec4(xreg[j]);
-            xs[o] = h.x; xs[o + 1u] = h.y; xs[o + 2u] = h.z; xs[o + 3u] = h.w;
-        }
+        if (i < BM * (BK / 4u)) xs[(i / (BK / 4u)) * SX4 + i % (BK / 4u)] = f16vec4(xreg[j]);
     }
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
         uint i = tid + j * WG;
         if (i < BN * (BK / 8u)) {
-            uint o = (i / (BK / 8u)) * SX + 8u * (i % (BK / 8u));
-            f16vec4 lo = f16vec4(wreg[2u * j]), hi = f16vec4(wreg[2u * j + 1u]);
-            ws[o] = lo.x; ws[o + 1u] = lo.y; ws[o + 2u] = lo.z; ws[o + 3u] = lo.w;
-            ws[o + 4u] = hi.x; ws[o + 5u] = hi.y; ws[o + 6u] = hi.z; ws[o + 7u] = hi.w;
+            uint o = (i / (BK / 8u)) * SX4 + 2u * (i % (BK / 8u));
+            ws[o] = f16vec4(wreg[2u * j]);
+            ws[o + 1u] = f16vec4(wreg[2u * j + 1u]);
         }
     }
 }
@@ -106,9 +102,9 @@ void main() {
             CM(gl_MatrixUseA, float16_t) a[TM];
             CM(gl_MatrixUseB, float16_t) b[TN];
             [[unroll]] for (uint i = 0u; i < TM; ++i)
-                coopMatLoad(a[i], xs, ((wm * TM + i) * 16u) * SX + kk, SX, gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(a[i], xs, ((wm * TM + i) * 16u) * SX4 + kk / 4u, SX4, gl_CooperativeMatrixLayoutRowMajor);
             [[unroll]] for (uint j = 0u; j < TN; ++j)
-                coopMatLoad(b[j], ws, ((wn * TN + j) * 16u) * SX + kk, SX, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(b[j], ws, ((wn * TN + j) * 16u) * SX4 + kk / 4u, SX4, gl_CooperativeMatrixLayoutColumnMajor);
             [[unroll]] for (uint i = 0u; i < TM; ++i)
                 [[unroll]] for (uint j = 0u; j < TN; ++j)
                     acc[i * TN + j] = coopMatMulAdd(a[i], b[j], acc[i * TN + j]);

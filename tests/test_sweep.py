@@ -346,3 +346,15 @@ def test_notebook_runs_or_fails_clearly(name, tmp_path):
         with pytest.raises(papermill.PapermillExecutionError, match="not built yet"):
             papermill.execute_notebook(str(NOTEBOOKS / name), str(out), progress_bar=False, cwd=str(NOTEBOOKS),
                                        kernel_name="python3")  # fmt: skip
+
+
+def test_workgroup_notebook_sweeps_the_vulkan_matvec(tmp_path):
+    import papermill
+
+    pytest.importorskip("vulkan")
+    params = {"backend": "vulkan", "matvec_wg": 64, "matvec_row_threads": 8, "prompt_tokens": 4, "gen_tokens": 2,
+              "repeats": 1}  # fmt: skip
+    out = tmp_path / "vk.ipynb"
+    papermill.execute_notebook(str(NOTEBOOKS / "10_workgroup_sweep.ipynb"), str(out), parameters=params,
+                               progress_bar=False, cwd=str(NOTEBOOKS), kernel_name="python3")  # fmt: skip
+    assert "matvec_wg=64 matvec_row_threads=8: decode" in out.read_text()

@@ -316,6 +316,56 @@ def npu(kind: str, designs: dict[str, str]) -> str:
     return "—"
 
 
+# -- latest measurement -----------------------------------------------------------------------------------
+EXPERIMENTS = ROOT / "experiments"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def latest_measurements() -> dict[str, dict[str, str]]:
+    """Op kind -> backend -> the latest committed run record's per-op time of that kind: the median over the
+    record's op rows, decode and prefill apart, with the model, device, date, how it was obtained and a link.
+
+    Records are the ``bench --profile`` folders kept by question (``experiments/<question>/<record>/`` with
+    ``run.json`` and ``ops.parquet``); demo runs, ``experiments/runs/`` (every run's own record, not kept in
+    git) and sweep points are not records of a question."""
+    import json
+
+    import pandas as pd
+
+    latest: dict[tuple[str, str], tuple[str, str]] = {}
+    for ops_file in sorted(EXPERIMENTS.glob("*/*/ops.parquet")):
+        if ops_file.parts[-3].startswith("demo-") or ops_file.parts[-3] == "runs" or not (ops_file.parent / "run.json").is_file():
+            continue
+        run = json.loads((ops_file.parent / "run.json").read_text())
+        df = pd.read_parquet(ops_file)
+        if df.empty or "kind" not in df:
+            continue
+        times = df["device_s"].where(df["device_s"].notna(), df["time_s"])
+        model = str(run.get("model", {}).get("name", "?")).removeprefix("synthetic:")
+        device = str(run.get("device", "?")).split(":", 1)[-1]
+        how = str(run.get("how", "")).split(" ", 1)[0] or "measured"
+        created = str(run.get("created", ""))[:10]
+        for (kind, backend), rows in df.assign(t=times).groupby(["kind", "backend"]):
+            phases = [
+                f"{phase} {_duration(float(rows.t[rows.phase == phase].median()))}"
+                for phase in ("decode", "prefill")
+                if (rows.phase == phase).any()
+            ]
+            cell = (
+                f"{backend}: {', '.join(phases)} per op ({model}, {device}, {created}, {how}; "
+                f"{_link(ops_file.parent, 'record')})"
+            )
+            if (kind, backend) not in latest or created >= latest[kind, backend][0]:
+                latest[kind, backend] = (created, cell)
+    out: dict[str, dict[str, str]] = {}
+    for (kind, backend), (_, cell) in sorted(latest.items()):
+        out.setdefault(kind, {})[backend] = cell
+    return out
+
+
 # -- tests ------------------------------------------------------------------------------------------------
 def tests_naming(kind: str) -> list[Path]:
     """Test files that name the kind as an op kind: a name with an underscore as a whole word; a one-word
@@ -347,9 +397,11 @@ host), and the test files that name the kind as an op kind.
   [test_cpu_backend.py](../tests/test_cpu_backend.py), [test_vulkan.py](../tests/test_vulkan.py),
   [test_npu_backend.py](../tests/test_npu_backend.py); numpy against transformers in
   [test_reference_logits.py](../tests/test_reference_logits.py).
-- No *latest measurement* column: no record holds per-op times for every kind and backend under one
-  method. Per-op times come from `workbench bench --profile` / `--trace` (the run record's `ops.parquet`);
-  the backend pages give the figures that were measured, with their device.
+- *Latest measurement*: per backend, the median time of one op of the kind in the newest committed run
+  record that holds it (`experiments/<question>/<record>/ops.parquet`, written by `workbench bench` with its
+  profile on), decode and prefill apart, with the model, device, date and how it was obtained
+  (`measured` on a device, `emulated`). Records of different models and devices are not comparable with
+  each other; the backend pages and `experiments/*/summary.md` give the figures in context.
 """
 
 
@@ -359,9 +411,10 @@ def render() -> str:
 
     vk_table = vulkan_shaders()
     designs = npu_designs()
+    measured = latest_measurements()
     rows = [
-        "| kind | what it computes | reference | cpu | vulkan | npu | tests naming it |",
-        "|---|---|---|---|---|---|---|",
+        "| kind | what it computes | reference | cpu | vulkan | npu | tests naming it | latest measurement |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for kind, doc in kinds.items():
         tests = ", ".join(_link(p) for p in tests_naming(kind)) or "—"
@@ -373,6 +426,7 @@ def render() -> str:
             vulkan(kind, vk_table, set(FUSED_KINDS)),
             npu(kind, designs),
             tests,
+            "<br>".join(measured.get(kind, {}).values()) or "—",
         ]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return HEADER + "\n" + "\n".join(rows) + "\n"

@@ -88,7 +88,7 @@ KERNELS: dict[str, KernelSpec] = {
     "matmul_coop": KernelSpec(
         "matmul_coop",
         ("pl:4", "K", "N", "T", "row0", "x_off", "x_stride", "y_off", "y_stride"),
-        (("wg", 0), ("wm", 1), ("tm", 2), ("tn", 3)),
+        (("wg", 0), ("wm", 1), ("tm", 2), ("tn", 3), ("bk", 5)),
     ),
     "attention": KernelSpec(
         "attention",
@@ -242,6 +242,7 @@ class Tuning:
             "matmul_coop.wm": 2,
             "matmul_coop.tm": 2,
             "matmul_coop.tn": 2,
+            "matmul_coop.bk": 32,  # K columns staged per step (32 or 64; 64 halves the barriers per K)
             "attention.wg": max(256, sg),
             "attention.tile": 64,
             "attn_combine.wg": max(64, sg),
@@ -328,7 +329,12 @@ class Tuning:
             )
         if f.coopmat_f16:
             errors += coop_errors(
-                v["matmul_coop.wg"], v["matmul_coop.wm"], v["matmul_coop.tm"], v["matmul_coop.tn"], f
+                v["matmul_coop.wg"],
+                v["matmul_coop.wm"],
+                v["matmul_coop.tm"],
+                v["matmul_coop.tn"],
+                f,
+                v["matmul_coop.bk"],
             )
         if v["matvec.q8"] and not f.int_dot:
             errors.append("matvec.q8=1 needs shaderIntegerDotProduct (Vulkan 1.3), which this device lacks")
@@ -364,6 +370,9 @@ def batch_row_threads(v: dict[str, int], k: int, pair: bool = False) -> int:
     return min(below if pair or below == lanes else 2 * below, v["matvec.wg"])
 
 
+COOP_BK = (32, 64)  # the K columns matmul_coop.comp can stage per step
+
+
 def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:
     """(BM, BN) of the cooperative-matrix GEMM for tunables ``v``."""
     subgroups = v["matmul_coop.wg"] // max(subgroup_size, 1)
@@ -371,9 +380,9 @@ def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:
     return v["matmul_coop.wm"] * v["matmul_coop.tm"] * 16, wn * v["matmul_coop.tn"] * 16
 
 
-def coop_errors(wg: int, wm: int, tm: int, tn: int, f: DeviceFeatures) -> list[str]:
-    """Why a cooperative-matrix GEMM tile (``matmul_coop`` wg, wm, tm, tn) cannot run on device ``f``."""
-    errors = []
+def coop_errors(wg: int, wm: int, tm: int, tn: int, f: DeviceFeatures, bk: int = 32) -> list[str]:
+    """Why a cooperative-matrix GEMM tile (``matmul_coop`` wg, wm, tm, tn, bk) cannot run on device ``f``."""
+    errors = [] if bk in COOP_BK else [f"matmul_coop.bk={bk} must be one of {COOP_BK}"]
     subgroups = wg // max(f.subgroup_size, 1)
     if wm < 1 or subgroups % wm:
         errors.append(f"matmul_coop.wm={wm} must divide the {subgroups} subgroups of matmul_coop.wg")
@@ -383,7 +392,9 @@ def coop_errors(wg: int, wm: int, tm: int, tn: int, f: DeviceFeatures) -> list[s
     if errors:
         return errors
     bm, bn = wm * tm * 16, subgroups // wm * tn * 16
-    shared = (bm + bn) * 40 * 2 + subgroups * 256 * 4  # fp16 tiles + a 16x16 fp32 edge tile per subgroup
+    shared = (bm + bn) * (
+        bk + 8
+    ) * 2 + subgroups * 256 * 4  # fp16 tiles + a 16x16 fp32 edge tile per subgroup
     if shared > f.max_shared_memory:
         errors.append(
             f"matmul_coop tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"

@@ -278,10 +278,12 @@ class Builder:
             key = gemm_key(w.fmt, w.rows, k)
             self.shapes.append((key, dict(kind="gemm", x=x, wname=wname, tokens=t, cols=k)))
             tuned = self.forced.get(key) or b.tuned.get(key)
-            if tuned:  # found on this device by `workbench tune`
+            bk = tun["matmul_coop.bk"]
+            if tuned:  # found on this device by `workbench tune` (entries older than `bk` staged 32)
                 wg, wm, tm, tn = tuned["wg"], tuned["wm"], tuned["tm"], tuned["tn"]
-                bm, bn = wm * tm * 16, (wg // sg) // wm * tn * 16
+                bm, bn, bk = wm * tm * 16, (wg // sg) // wm * tn * 16, tuned.get("bk", 32)
                 spec += [(0, wg), (1, wm), (2, tm), (3, tn)]
+            spec.append((5, bk if k % bk == 0 else 32))  # K a multiple of 32 but not of 64: stage 32
         else:
             bm = tun["matmul.wg_m"] * tun["matmul.tm"]
             bn = tun["matmul.wg"] // tun["matmul.wg_m"] * tun["matmul.tn"]

@@ -23,7 +23,7 @@ from .kernels import coop_errors
 
 FORMAT_VERSION = 1
 # the parameters an entry may set, per kernel
-PARAMS = {"matvec": ("wg", "row_threads", "rows"), "matmul_coop": ("wg", "wm", "tm", "tn")}
+PARAMS = {"matvec": ("wg", "row_threads", "rows"), "matmul_coop": ("wg", "wm", "tm", "tn", "bk")}
 
 
 def default_path() -> Path:
@@ -60,7 +60,9 @@ def param_errors(kernel: str, params: dict[str, int], f: DeviceFeatures) -> list
         if not 1 <= rows <= 8:
             errors.append(f"rows={rows} must be 1..8")
     elif not errors:
-        errors += coop_errors(wg, params.get("wm", 0), params.get("tm", 0), params.get("tn", 0), f)
+        errors += coop_errors(
+            wg, params.get("wm", 0), params.get("tm", 0), params.get("tn", 0), f, params.get("bk", 32)
+        )
     return errors
 
 
