@@ -248,3 +248,10 @@ class Backend(ABC):
                 raise ValueError(f"token ids must be in 0..{vocab - 1}")
         elif step.tokens.min() < 0 or step.tokens.max() >= vocab:
             raise ValueError(f"token ids must be in 0..{vocab - 1}")
+        ple = self.model.config.ple_vocab_size
+        if 0 < ple < vocab and (past := step.tokens[step.tokens >= ple]).size:
+            # Gemma 3n: an id the embedding has but the per-layer embedding table has not
+            raise ValueError(
+                f"token id {int(past[0])} is past the per-layer embedding table per_layer_token_embd "
+                f"({ple} rows, of a vocabulary of {vocab}): the model has no per-layer input for it"
+            )

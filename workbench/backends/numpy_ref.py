@@ -14,6 +14,7 @@ from threadpoolctl import ThreadpoolController
 from ..hostinfo import host_cpu_name
 from ..models.model import Model
 from ..ops import reference as ref
+from ..ops import reference_gemma3n as ref3n
 from ..ops.graph import Graph, Op
 from ..quant.planar import matmul_input
 from ..runtime.kv_cache import KVCache
@@ -71,6 +72,68 @@ def _attention(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     env[op.outputs[0]] = out
 
 
+def _shared_kv_attention(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    """Attention over the cache of layer ``kv_layer``, which an earlier op of this step extended."""
+    a = op.attrs
+    q, pos = (env[n] for n in op.inputs)
+    out = np.empty_like(q)
+    for s in step.seqs:
+        sl = slice(s.start, s.stop)
+        keys, vals, kpos = s.cache.layers[a["kv_layer"]].visible(pos[sl])
+        out[sl] = ref.attention(
+            q[sl], keys, vals, pos[sl], kpos, a["n_heads"], a["n_kv_heads"], a["head_dim"], a["scale"],
+            a.get("window", 0),
+        )  # fmt: skip
+    env[op.outputs[0]] = out
+
+
+def _rmsnorm_plain(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref3n.rmsnorm_plain(env[op.inputs[0]], op.attrs["eps"], op.attr("group"))
+
+
+def _altup_expand(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref3n.altup_expand(env[op.inputs[0]], b.weight(op.weights[0]))
+
+
+def _altup_unembed(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref3n.altup_unembed(env[op.inputs[0]], b.weight(op.weights[0]))
+
+
+def _altup_predict(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    w = [b.weight(n) for n in op.weights]
+    env[op.outputs[0]], env[op.outputs[1]] = ref3n.altup_predict(env[op.inputs[0]], *w, op.attrs["eps"])
+
+
+def _altup_correct(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    p, z = (env[n] for n in op.inputs)
+    w = [b.weight(n) for n in op.weights]
+    env[op.outputs[0]], env[op.outputs[1]] = ref3n.altup_correct(p, z, *w, op.attrs["eps"])
+
+
+def _laurel_residual(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref3n.laurel_residual(*(env[n] for n in op.inputs))
+
+
+def _gaussian_topk(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref3n.gaussian_topk(env[op.inputs[0]], op.attrs["std_multiplier"])
+
+
+def _ple_project(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    a = op.attrs
+    proj, rows = (env[n] for n in op.inputs)
+    env[op.outputs[0]] = ref3n.ple_project(
+        proj, rows, b.weight(op.weights[0]), a["scale"], a["group"], a["eps"]
+    )
+
+
+def _ple_gate(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref3n.ple_gate(env[op.inputs[0]], env[op.inputs[1]], op.layer)
+
+
+def _ple_inject(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
+    env[op.outputs[0]] = ref3n.ple_inject(env[op.inputs[0]], env[op.inputs[1]])
+
+
 def _gelu_mul(b: NumpyBackend, op: Op, env: Env, step: Step) -> None:
     env[op.outputs[0]] = ref.gelu_mul(env[op.inputs[0]], env[op.inputs[1]])
 
@@ -120,6 +183,18 @@ KERNELS: dict[str, Kernel] = {
     "gather_rows": _gather_rows,
     "softcap": _softcap,
     "sparse_ffn": _sparse_ffn,
+    # Gemma 3n
+    "rmsnorm_plain": _rmsnorm_plain,
+    "shared_kv_attention": _shared_kv_attention,
+    "altup_expand": _altup_expand,
+    "altup_unembed": _altup_unembed,
+    "altup_predict": _altup_predict,
+    "altup_correct": _altup_correct,
+    "laurel_residual": _laurel_residual,
+    "gaussian_topk": _gaussian_topk,
+    "ple_project": _ple_project,
+    "ple_gate": _ple_gate,
+    "ple_inject": _ple_inject,
 }
 
 

@@ -1,5 +1,6 @@
-"""Model configuration: one dataclass for Gemma 3, built from GGUF metadata, a Hugging Face config.json
-(``hf_config``), or a named preset (270M to 27B) for synthetic models and projections."""
+"""Model configuration: one dataclass for Gemma 3 and Gemma 3n, built from GGUF metadata, a Hugging Face
+config.json (``hf_config``, ``gemma3n_hf``), or a named preset (270M to 27B) for synthetic models and
+projections."""
 
 from __future__ import annotations
 
@@ -10,15 +11,22 @@ from typing import Any
 
 from .errors import UnsupportedModelError
 
-SUPPORTED_ARCHITECTURES = ("gemma3",)
+SUPPORTED_ARCHITECTURES = ("gemma3", "gemma3n")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes and hyper-parameters of a Gemma 3 text model.
+    """Shapes and hyper-parameters of a Gemma 3 or Gemma 3n text model.
 
     ``layer_types`` is derived from ``sliding_window_pattern`` unless given: layer ``i`` is global
     (full attention) when ``(i + 1) % pattern == 0``.
+
+    The Gemma 3n fields (``arch == "gemma3n"``, see docs/gemma3n.md) are zero or empty for Gemma 3:
+    ``altup_inputs`` AltUp streams (4), ``laurel_rank``, ``ple_dim`` (width of each layer's per-layer
+    embedding) and ``ple_vocab_size`` (rows of the per-layer embedding table, which may be fewer than the
+    vocabulary), ``kv_shared_layers`` (the last layers, which attend over the cache of an earlier layer:
+    :meth:`kv_layer`) and ``activation_sparsity`` (per layer, the Gaussian top-k's target sparsity; 0:
+    dense). Gemma 3n scores attention unscaled, which ``query_pre_attn_scalar = 1`` expresses.
     """
 
     name: str
@@ -41,6 +49,12 @@ class ModelConfig:
     tie_embeddings: bool = True
     arch: str = "gemma3"
     layer_types: tuple[str, ...] = field(default=())
+    altup_inputs: int = 0
+    laurel_rank: int = 0
+    ple_dim: int = 0
+    ple_vocab_size: int = 0
+    kv_shared_layers: int = 0
+    activation_sparsity: tuple[float, ...] = field(default=())
 
     def __post_init__(self) -> None:
         for f in (
@@ -70,6 +84,44 @@ class ModelConfig:
             raise UnsupportedModelError(
                 "model config: layer_types must list 'global'/'sliding' for every layer"
             )
+        if self.arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"model config: arch {self.arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        if self.arch == "gemma3n":
+            self._check_gemma3n()
+
+    def _check_gemma3n(self) -> None:
+        """The Gemma 3n fields: the sizes positive, one sparsity a layer, a cache for every shared layer."""
+        for f in ("altup_inputs", "laurel_rank", "ple_dim", "ple_vocab_size"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                raise UnsupportedModelError(f"model config: {f} must be a positive integer, got {v!r}")
+        if self.altup_inputs != 4:
+            raise UnsupportedModelError(
+                f"model config: altup_inputs is {self.altup_inputs}; Gemma 3n runs 4 AltUp streams"
+            )
+        if not isinstance(self.kv_shared_layers, int) or not 0 <= self.kv_shared_layers < self.n_layers:
+            raise UnsupportedModelError(
+                f"model config: kv_shared_layers must be 0..{self.n_layers - 1}, got {self.kv_shared_layers!r}"
+            )
+        if not self.activation_sparsity:
+            object.__setattr__(self, "activation_sparsity", (0.0,) * self.n_layers)
+        s = self.activation_sparsity
+        if len(s) != self.n_layers or not all(isinstance(v, (int, float)) and 0 <= v < 1 for v in s):
+            raise UnsupportedModelError(
+                f"model config: activation_sparsity must give a sparsity in [0, 1) for each of the "
+                f"{self.n_layers} layers, got {list(s)!r}"
+            )
+        object.__setattr__(self, "activation_sparsity", tuple(float(v) for v in s))
+        first = self.n_layers - self.kv_shared_layers
+        owners = set(self.layer_types[:first])
+        for i in range(first, self.n_layers):
+            if self.layer_types[i] not in owners:
+                raise UnsupportedModelError(
+                    f"model config: layer {i} shares the KV cache of an earlier {self.layer_types[i]} layer "
+                    f"(kv_shared_layers {self.kv_shared_layers}), but layers 0..{first - 1} have none"
+                )
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -97,26 +149,52 @@ class ModelConfig:
     def rope_scale(self, layer: int) -> float:
         return 1.0 if self.is_sliding(layer) else self.rope_scale_global
 
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cache ``layer`` attends over: its own, or for the last ``kv_shared_layers``
+        layers (Gemma 3n) that of the last layer before them of the same type (sliding or global)."""
+        first = self.n_layers - self.kv_shared_layers
+        if layer < first:
+            return layer
+        kind = self.layer_types[layer]
+        return max(i for i in range(first) if self.layer_types[i] == kind)
+
+    def owns_kv(self, layer: int) -> bool:
+        """Whether ``layer`` computes keys and values (and has a KV cache of its own)."""
+        return self.kv_layer(layer) == layer
+
     def n_params(self) -> int:
-        """Parameter count (tied embedding counted once)."""
-        attn = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden + 2 * self.head_dim
-        mlp = 3 * self.hidden * self.ffn
-        norms = 4 * self.hidden
+        """Parameter count (tied embedding counted once; Gemma 3n's per-layer embedding table included)."""
+        h = self.hidden
+        attn = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 2 * self.head_dim
+        mlp = 3 * h * self.ffn
+        norms = 4 * h
         per_layer = attn + mlp + norms
-        head = 0 if self.tie_embeddings else self.vocab_size * self.hidden
-        return self.n_layers * per_layer + self.vocab_size * self.hidden + self.hidden + head
+        head = 0 if self.tie_embeddings else self.vocab_size * h
+        total = self.n_layers * per_layer + self.vocab_size * h + h + head
+        if self.arch == "gemma3n":
+            n, lp = self.altup_inputs, self.n_layers * self.ple_dim
+            shared = self.n_layers - sum(self.owns_kv(i) for i in range(self.n_layers))
+            total -= shared * (2 * h * self.kv_dim + self.head_dim)  # no K/V projections, no k_norm
+            altup = h * n + n * n * n + n * n + 2 * h  # router, coefficients, correct scale, router norm
+            laurel = 2 * h * self.laurel_rank + h
+            ple = 2 * h * self.ple_dim + h
+            total += self.n_layers * (altup + laurel + ple)
+            total += self.ple_vocab_size * lp + h * lp + self.ple_dim + 2 * (n - 1) * h * h
+        return total
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["layer_types"] = list(self.layer_types)
+        d["activation_sparsity"] = list(self.activation_sparsity)
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        if "layer_types" in kw:
-            kw["layer_types"] = tuple(kw["layer_types"])
+        for key in ("layer_types", "activation_sparsity"):
+            if key in kw:
+                kw[key] = tuple(kw[key])
         return cls(**kw)
 
     def to_hf_config(self) -> dict[str, Any]:

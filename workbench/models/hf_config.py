@@ -111,7 +111,7 @@ def _sizes(tc: Fields, shapes: Shapes) -> dict[str, int]:
     return sizes
 
 
-def _rope(tc: Fields) -> tuple[float, float, float]:
+def rope_settings(tc: Fields) -> tuple[float, float, float]:
     """(global base, local base, global linear scale) from either rope convention of transformers."""
     theta_global = tc.number("rope_theta", TEXT_DEFAULTS["rope_theta"])
     theta_local = tc.number("rope_local_base_freq", TEXT_DEFAULTS["rope_local_base_freq"])
@@ -171,7 +171,7 @@ def config_from_hf(cfg: Mapping[str, Any], shapes: Shapes, source: str, name: st
                 f"{source}: {tc.prefix}{key} is {tc.values[key]!r}; this engine runs Gemma 3 with {runs!r}"
             )
     sizes = _sizes(tc, shapes)
-    rope_global, rope_local, scale = _rope(tc)
+    rope_global, rope_local, scale = rope_settings(tc)
     pattern_key = "sliding_window_pattern" if tc.has("sliding_window_pattern") else "_sliding_window_pattern"
     top = Fields(cfg, source)
     config = ModelConfig(
@@ -200,4 +200,4 @@ def config_from_hf(cfg: Mapping[str, Any], shapes: Shapes, source: str, name: st
     return config
 
 
-__all__ = ["LAYER_TYPES", "TEXT_DEFAULTS", "config_from_hf", "text_config"]
+__all__ = ["LAYER_TYPES", "TEXT_DEFAULTS", "config_from_hf", "rope_settings", "text_config"]

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..ops.graph import Graph, WeightSpec
+from .architectures import build_graph
 from .config import ModelConfig
-from .gemma3 import build_graph
 from .gguf import GGUFFile
 from .gguf_config import config_from_gguf
 from .safetensors_dir import load_hf_dir

@@ -1,5 +1,8 @@
 """Hugging Face model directories: ``config.json`` + ``model.safetensors`` (or a sharded index).
 
+Gemma 3 (``hf_config``) and Gemma 3n (``gemma3n_hf``, chosen by the config's ``model_type``) are read;
+tensors get their GGUF names.
+
 Files are memory-mapped and tensors are read when first used. The safetensors header is validated
 before use: its size, JSON, dtypes, shapes and data offsets must agree with the file, so a lying header
 raises :class:`SafetensorsError` instead of reading out of bounds.
@@ -18,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..quant.formats import GGMLType
+from . import gemma3n, gemma3n_hf
 from .config import ModelConfig
 from .errors import ModelFormatError
 from .gemma3 import layer_of
@@ -177,8 +181,39 @@ def _loader(mm: np.memmap, lo: int, hi: int):
     return lambda: mm[lo:hi]
 
 
+def _mapped(hf_name: str, is_3n: bool) -> tuple[str, bool, int | None] | None:
+    """(GGUF name, is-norm-stored-as-w, part of a stacked tensor) of a tensor name, None when unused."""
+    if is_3n:
+        m = gemma3n_hf.gguf_name(hf_name)
+        return None if m is None else (m[0], False, m[1])
+    m = gguf_name(hf_name)
+    return None if m is None else (m[0], m[1], None)
+
+
+def _stack(name: str, parts: dict[int, _Entry]) -> _Entry:
+    """One tensor of the parts GGUF stacks (Gemma 3n's AltUp projections): parts 0..k-1, alike."""
+    first = parts[min(parts)]
+    if sorted(parts) != list(range(len(parts))):
+        raise SafetensorsError(
+            f"{first.file}: {name!r} is stacked from parts {sorted(parts)}; expected 0..{len(parts) - 1}"
+        )
+    for p in parts.values():
+        if (p.qtype, p.shape) != (first.qtype, first.shape):
+            raise SafetensorsError(
+                f"{p.file}: tensor {p.hf_name!r} is {p.qtype.name} {list(p.shape)}, unlike "
+                f"{first.hf_name!r} ({first.qtype.name} {list(first.shape)}) stacked with it into {name!r}"
+            )
+    loaders = [parts[k].loader for k in range(len(parts))]
+
+    def load() -> np.ndarray:
+        return np.concatenate([np.asarray(f()).reshape(-1) for f in loaders])
+
+    hf = re.sub(r"\.0\.weight$", ".*.weight", parts[0].hf_name)
+    return _Entry(hf, first.file, first.qtype, (len(parts), *first.shape), load, False)
+
+
 def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
-    """Config and lazily loaded tensors (GGUF names) of a Hugging Face Gemma 3 directory."""
+    """Config and lazily loaded tensors (GGUF names) of a Hugging Face Gemma 3 or Gemma 3n directory."""
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
@@ -186,29 +221,43 @@ def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, QTensor]]:
     cfg = read_json(cfg_file, MAX_CONFIG_BYTES)
     if not isinstance(cfg, dict):
         raise ModelFormatError(f"{cfg_file}: is {show(cfg)}, not a JSON object")
+    is_3n = gemma3n_hf.is_gemma3n(cfg)
     found: dict[str, _Entry] = {}
+    stacked: dict[str, dict[int, _Entry]] = {}
     for file in _shard_files(path):
         header, start, _ = read_header(file)
         mm = np.memmap(file, dtype=np.uint8, mode="r")
         for hf_name, (dtype, dims, lo, hi) in header.items():
-            mapped = gguf_name(hf_name)
+            mapped = _mapped(hf_name, is_3n)
             if mapped is None:
                 continue
-            name, is_norm = mapped
-            if name in found:
-                first = found[name]
+            name, is_norm, part = mapped
+            first = found.get(name) if part is None else stacked.get(name, {}).get(part)
+            if first is not None:
                 raise SafetensorsError(
                     f"{file}: tensor {hf_name!r} is the text model's {name!r}, and so is "
                     f"{first.hf_name!r} in {first.file.name}"
                 )
             shape = tuple(dims) or (1,)
-            loader = _loader(mm, start + lo, start + hi)
-            found[name] = _Entry(hf_name, file, _DTYPES[dtype][0], shape, loader, is_norm)
+            entry = _Entry(
+                hf_name, file, _DTYPES[dtype][0], shape, _loader(mm, start + lo, start + hi), is_norm
+            )
+            if part is None:
+                found[name] = entry
+            else:
+                stacked.setdefault(name, {})[part] = entry
+    found.update({name: _stack(name, parts) for name, parts in stacked.items()})
     shapes = {n: (t.hf_name, t.shape) for n, t in found.items()}
-    config = config_from_hf(cfg, shapes, str(cfg_file), name=path.name)
+    if is_3n:
+        config = gemma3n_hf.config_from_hf(cfg, shapes, str(cfg_file), name=path.name)
+        used = set(gemma3n.required_weights(config))  # not the K/V projections of sharing layers
+    else:
+        config = config_from_hf(cfg, shapes, str(cfg_file), name=path.name)
+        used = None
     tensors = {
         n: QTensor(n, t.qtype, t.shape, t.loader, 1.0 if t.is_norm else 0.0)
         for n, t in found.items()
         if (layer_of(n) or 0) < config.n_layers  # layers past the config's count are not run
+        and (used is None or n in used)
     }
     return config, tensors

@@ -112,6 +112,36 @@ def _attention(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     return Cost(flops, _act_bytes(graph, op.inputs) + cache_read, _act_bytes(graph, op.outputs) + new_kv)
 
 
+def _shared_attention(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    """Attention over another layer's cache: as ``attention``, without writing keys and values."""
+    full = _attention(op, graph, positions)
+    a = op.attrs
+    new_kv = graph.n_tokens * a["n_kv_heads"] * a["head_dim"] * 2 * a.get("cache_bytes", F32_BYTES)
+    return Cost(full.flops, full.bytes_read, full.bytes_written - new_kv)
+
+
+def _altup_projections(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    """The AltUp expansion or unembedding: n-1 (hidden x hidden) projections plus the rescaling."""
+    w = graph.weights[op.weights[0]]
+    t = graph.tensors[op.inputs[0]].shape[0]
+    hidden = w.shape[-1]
+    flops = 2.0 * t * w.shape[0] * hidden * hidden + 6.0 * t * (w.shape[0] + 1) * hidden
+    return Cost(flops, _act_bytes(graph, op.inputs) + w.nbytes, _act_bytes(graph, op.outputs))
+
+
+def _altup_router(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    """AltUp predict or correct: the router (a norm, an n x hidden product), then n x n mixing of the
+    streams (predict) or one update per stream (correct)."""
+    t, width = graph.tensors[op.outputs[0]].shape
+    n = graph.weights[op.weights[1]].shape[0]
+    hidden = width // n
+    mix = 2.0 * n * width if op.kind == "altup_predict" else 3.0 * width
+    flops = t * (4.0 * hidden + 2.0 * n * hidden + mix)
+    return Cost(
+        flops, _act_bytes(graph, op.inputs) + _weights_bytes(graph, op), _act_bytes(graph, op.outputs)
+    )
+
+
 @dataclass(frozen=True)
 class OpKind:
     name: str
@@ -123,7 +153,11 @@ KINDS: dict[str, OpKind] = {
     k.name: k
     for k in [
         OpKind("embed", "token embedding lookup times sqrt(hidden)", _embed),
-        OpKind("rmsnorm", "RMSNorm with (1+w) weights, over the row or over each head", _elementwise(4)),
+        OpKind(
+            "rmsnorm",
+            "RMSNorm times its weight (Gemma 3: 1+w), over the row or over each head",
+            _elementwise(4),
+        ),
         OpKind("matmul", "x @ W.T with W in its stored format", _matmul),
         OpKind("rope", "rotary position embedding (rotate-half)", _elementwise(3)),
         OpKind(
@@ -133,6 +167,54 @@ KINDS: dict[str, OpKind] = {
         OpKind("add", "residual add", _elementwise(1)),
         OpKind("gather_rows", "select the rows that need logits", _elementwise(0)),
         OpKind("softcap", "tanh soft-capping of logits", _elementwise(3)),
+        # Gemma 3n (docs/gemma3n.md); references in ops/reference_gemma3n.py
+        OpKind(
+            "rmsnorm_plain", "RMSNorm without a weight, over each head (Gemma 3n's V norm)", _elementwise(3)
+        ),
+        OpKind(
+            "shared_kv_attention",
+            "causal GQA attention over an earlier layer's KV cache (Gemma 3n's last layers): Q only",
+            _shared_attention,
+        ),
+        OpKind(
+            "altup_expand",
+            "the AltUp streams of the embedding: it, and n-1 projections of it at its RMS",
+            _altup_projections,
+        ),
+        OpKind(
+            "altup_unembed",
+            "the mean of the AltUp streams, n-1 of them projected back at the first one's RMS",
+            _altup_projections,
+        ),
+        OpKind(
+            "altup_predict",
+            "AltUp predict: routed n x n mixing of the streams; also the active one",
+            _altup_router,
+        ),
+        OpKind(
+            "altup_correct",
+            "AltUp correct: each stream moved by a routed multiple of the layer's innovation",
+            _altup_router,
+        ),
+        OpKind(
+            "laurel_residual",
+            "((x + attn) + (h + laurel)) / sqrt(2): the residual with LAuReL",
+            _elementwise(4),
+        ),
+        OpKind(
+            "gaussian_topk",
+            "relu(g - mean(g) - k std(g)): Gaussian top-k activation sparsity",
+            _elementwise(6),
+        ),
+        OpKind(
+            "ple_project", "per-layer inputs: (RMSNorm(proj * scale) + table rows) / sqrt(2)", _elementwise(6)
+        ),
+        OpKind("ple_gate", "gelu_tanh(gate) * the layer's per-layer input", _elementwise(10)),
+        OpKind(
+            "ple_inject",
+            "add the per-layer embedding to every AltUp stream but the active one",
+            _elementwise(1),
+        ),
     ]
 }
 

@@ -18,7 +18,8 @@ def embed(rows: np.ndarray, scale: float) -> np.ndarray:
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, group: int | None = None) -> np.ndarray:
-    """RMSNorm over groups of ``group`` values (default: the whole last axis), times ``w`` (already 1+w)."""
+    """RMSNorm over groups of ``group`` values (default: the whole last axis), times ``w`` as the model uses
+    it (Gemma 3's 1+w, Gemma 3n's w: loaders store it so)."""
     shape = x.shape
     g = group or shape[-1]
     xs = x.reshape(-1, g).astype(F32, copy=False)

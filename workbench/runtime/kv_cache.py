@@ -1,4 +1,8 @@
-"""Host KV cache: a growing buffer for global layers, a ring buffer of window size for sliding layers."""
+"""Host KV cache: a growing buffer for global layers, a ring buffer of window size for sliding layers.
+
+Layers that attend over another layer's cache (Gemma 3n's last ``kv_shared_layers``) have none of their own:
+their entry in :attr:`KVCache.layers` is the owner's :class:`LayerKV`, read with :meth:`LayerKV.visible`.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ class LayerKV:
         self.keys = zeros_aligned((cap, kv_dim), self.dtype)
         self.values = zeros_aligned((cap, kv_dim), self.dtype)
         self.pos = np.full(cap, -1, np.int64)
+        self.shared = False  # read by other layers too: keep what the last append returned for them
+        self._last: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     @property
     def capacity(self) -> int:
@@ -80,10 +86,24 @@ class LayerKV:
             vals = np.concatenate([self.values[held][order], v.astype(self.dtype)])
             kpos = np.concatenate([self.pos[held][order], positions.astype(np.int64)])
             self.write(positions, k, v)
-            return keys, vals, kpos
-        self.write(positions, k, v)
-        end = int(positions[-1]) + 1
-        return self.keys[:end], self.values[:end], np.arange(end, dtype=np.int64)
+        else:
+            self.write(positions, k, v)
+            end = int(positions[-1]) + 1
+            keys, vals, kpos = self.keys[:end], self.values[:end], np.arange(end, dtype=np.int64)
+        if self.shared:
+            self._last = (np.array(positions, np.int64), (keys, vals, kpos))
+        return keys, vals, kpos
+
+    def visible(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What the last :meth:`append` returned, which must have been for these ``positions``: the keys,
+        values and positions that layers sharing this cache attend over in the same step. (A sliding
+        layer's ring may already have overwritten keys that the step's first queries still see.)"""
+        if self._last is None or not np.array_equal(self._last[0], positions):
+            raise RuntimeError(
+                f"KV cache: positions {int(positions[0])}..{int(positions[-1])} read before the layer that "
+                f"owns the cache appended them"
+            )
+        return self._last[1]
 
     def write(self, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store keys/values at ``positions`` (slot = position, or position mod ring on sliding layers).
@@ -114,13 +134,20 @@ class KVCache:
                 f"max_len {max_len} exceeds the model's context length {config.context_length}"
             )
         self.config, self.max_len = config, max_len
-        self.layers = [
-            LayerKV(
-                config.kv_dim, max_len, config.sliding_window if config.is_sliding(i) else 0, slack, dtype
-            )
-            for i in range(config.n_layers)
-        ]
+        self.layers: list[LayerKV] = []
+        for i in range(config.n_layers):
+            src = config.kv_layer(i)
+            if src != i:  # shares the cache of an earlier layer
+                self.layers[src].shared = True
+                self.layers.append(self.layers[src])
+                continue
+            window = config.sliding_window if config.is_sliding(i) else 0
+            self.layers.append(LayerKV(config.kv_dim, max_len, window, slack, dtype))
         self.length = 0
+
+    def owned(self) -> list[LayerKV]:
+        """Each layer cache once (shared ones are listed under every layer that reads them)."""
+        return list({id(layer): layer for layer in self.layers}.values())
 
     def check_room(self, n_new: int) -> None:
         if self.length + n_new > self.max_len:
@@ -131,10 +158,10 @@ class KVCache:
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
-        for layer in self.layers:
+        for layer in self.owned():
             layer.truncate(length)
         self.length = length
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers)
+        return sum(layer.nbytes for layer in self.owned())

@@ -1,0 +1,295 @@
+"""Gemma 3n's text decoder on the numpy reference, against Hugging Face transformers.
+
+tests/fixtures/gemma3n/<name> are tiny random ``Gemma3nForCausalLM`` checkpoints (float16) and
+tests/fixtures/gemma3n_transformers.json their transformers fp32 logits and greedy tokens, both made by
+scripts/make_gemma3n_reference.py. ``e2b_pattern`` is E2B's layer pattern scaled down to 15 layers (global
+every 5th, the last 5 sharing KV, the first 5 sparse); the others vary the heads, layer types, sharing,
+sparsities, RoPE bases, eps and softcap. Then: the other directory layouts a Gemma 3n checkpoint comes in,
+and the errors for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors_edit import join, split
+
+import workbench as wb
+from workbench.backends import numpy_ref
+from workbench.models.errors import ModelFormatError, UnsupportedModelError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODELS = ("e2b_pattern", "gqa_softcap", "shared_alternating")
+TOLERANCE = 5e-4  # max |logit difference| numpy vs transformers, both fp32
+MARGIN = 2e-3  # steps whose top-2 margin exceeds this must pick the same token as transformers
+GEMMA3N_KINDS = {"rmsnorm_plain", "shared_kv_attention", "altup_expand", "altup_unembed", "altup_predict", "altup_correct", "laurel_residual", "gaussian_topk", "ple_project", "ple_gate", "ple_inject"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return json.loads((FIXTURES / "gemma3n_transformers.json").read_text())["models"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: wb.load(FIXTURES / "gemma3n" / name) for name in MODELS}
+
+
+def _rows(ref_rows: dict[str, list[float]]) -> tuple[list[int], np.ndarray]:
+    positions = sorted(int(k) for k in ref_rows)
+    return positions, np.array([ref_rows[str(p)] for p in positions])
+
+
+def _worst(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max())
+
+
+# -- the fixture and the config -----------------------------------------------------------------------
+def test_fixture_covers_the_gemma3n_paths(reference, models):
+    assert set(reference) == set(MODELS)
+    e2b = reference["e2b_pattern"]
+    assert e2b["shared_layers"] == [10, 11, 12, 13, 14] and e2b["sparse_layers"] == [0, 1, 2, 3, 4]
+    for name, ref in reference.items():
+        window = models[name].config.sliding_window
+        assert max(len(p["ids"]) for p in ref["prompts"].values()) > 3 * window  # crosses the window
+    sizes = sum(f.stat().st_size for f in (FIXTURES / "gemma3n").rglob("*") if f.is_file())
+    assert sizes + (FIXTURES / "gemma3n_transformers.json").stat().st_size < 2 * 2**20
+
+
+def test_config_of_the_e2b_pattern(models):
+    c = models["e2b_pattern"].config
+    assert c.arch == "gemma3n" and c.query_pre_attn_scalar == 1.0 and c.attn_scale == 1.0
+    assert [i for i in range(c.n_layers) if not c.is_sliding(i)] == [4, 9, 14]
+    assert [c.kv_layer(i) for i in range(10, 15)] == [8, 8, 8, 8, 9]
+    assert c.activation_sparsity == (0.95,) * 5 + (0.0,) * 10
+    assert (c.altup_inputs, c.laurel_rank, c.ple_dim, c.ple_vocab_size) == (4, 4, 8, 300)
+    assert c.final_logit_softcap == 30.0
+    # norm weights are used as stored: no 1 + w
+    w = models["e2b_pattern"].weights["blk.0.attn_norm.weight"]
+    assert w.norm_offset == 0.0 and abs(float(w.dequantize().mean()) - 1.0) < 0.2
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_parameter_count_is_the_weights(models, name):
+    m = models[name]
+    assert m.config.n_params() == sum(t.n_elements for t in m.weights.values())
+
+
+def test_graph_and_cache_of_shared_layers(models):
+    """Layers 10-14 compute Q only and attend over the cache of layer 8 (sliding) or 9 (global); only the
+    10 owning layers have a cache; the Gaussian top-k runs on layers 0-4 only."""
+    model = models["e2b_pattern"]
+    graph = model.graph(4, 1)
+    assert set(graph.kinds()) >= GEMMA3N_KINDS  # every op kind Gemma 3n adds
+    shared = {op.layer: op.attrs["kv_layer"] for op in graph.ops if op.kind == "shared_kv_attention"}
+    assert shared == {10: 8, 11: 8, 12: 8, 13: 8, 14: 9}
+    assert {op.layer for op in graph.ops if op.kind == "attention"} == set(range(10))
+    assert not any(op.layer in shared for op in graph.ops if op.name.endswith(("attn_k", "attn_v")))
+    assert {op.layer for op in graph.ops if op.kind == "gaussian_topk"} == set(range(5))
+    cache = wb.Engine(model, "numpy").new_sequence().cache
+    assert len(cache.owned()) == 10
+    assert cache.layers[12] is cache.layers[8] and cache.layers[14] is cache.layers[9]
+    assert not any(n.startswith("blk.12.attn_k") for n in model.weights)
+
+
+# -- numpy against transformers -----------------------------------------------------------------------
+@pytest.mark.parametrize("prompt", ["short", "long"])
+@pytest.mark.parametrize("name", MODELS)
+def test_prefill_logits_match_transformers(models, reference, name, prompt):
+    p = reference[name]["prompts"][prompt]
+    positions, want = _rows(p["prefill"])
+    e = wb.Engine(models[name], "numpy")
+    got = e.forward(e.new_sequence(), p["ids"], logits=positions)
+    assert _worst(got, want) < TOLERANCE, f"max |logit difference| {_worst(got, want):.3g}"
+
+
+@pytest.mark.parametrize("prompt", ["short", "long"])
+@pytest.mark.parametrize("name", MODELS)
+def test_token_by_token_logits_match_transformers(models, reference, name, prompt):
+    p = reference[name]["prompts"][prompt]
+    positions, want = _rows(p["token_by_token"])
+    e = wb.Engine(models[name], "numpy")
+    seq = e.new_sequence()
+    got = np.stack([e.forward(seq, [t]) for t in p["ids"]])[positions]
+    assert _worst(got, want) < TOLERANCE, f"max |logit difference| {_worst(got, want):.3g}"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_chunked_prefill_matches_transformers(models, reference, name):
+    """Prefill in chunks of 5 tokens: sharing layers read the owner's keys of the chunk and of the ring."""
+    p = reference[name]["prompts"]["long"]
+    positions, want = _rows(p["prefill"])
+    e = wb.Engine(models[name], "numpy", prefill_chunk=5)
+    got = e.forward(e.new_sequence(), p["ids"], logits=positions)
+    assert _worst(got, want) < TOLERANCE
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_matches_transformers(models, reference, name):
+    """Teacher-forced on transformers' greedy tokens: our argmax equals theirs wherever the margin allows."""
+    p = reference[name]["prompts"]["long"]
+    e = wb.Engine(models[name], "numpy")
+    seq = e.new_sequence()
+    ours = [int(np.argmax(e.forward(seq, p["ids"])))]
+    ours += [int(np.argmax(e.forward(seq, [t]))) for t in p["greedy"][:-1]]
+    checked = [(a, b) for a, b, m in zip(ours, p["greedy"], p["greedy_margins"]) if m > MARGIN]
+    assert len(checked) >= len(p["greedy"]) - 2 and all(a == b for a, b in checked), checked
+
+
+def _identity(b, op, env, step) -> None:
+    env[op.outputs[0]] = env[op.inputs[0]]
+
+
+def _no_prediction(b, op, env, step) -> None:
+    x = env[op.inputs[0]]
+    env[op.outputs[0]], env[op.outputs[1]] = x, np.ascontiguousarray(x[:, : x.shape[1] // 4])
+
+
+@pytest.mark.parametrize(
+    "kind, broken",
+    [
+        ("gaussian_topk", _identity),
+        ("rmsnorm_plain", _identity),
+        ("ple_inject", _identity),
+        ("altup_predict", _no_prediction),
+    ],
+)
+def test_each_path_changes_the_logits(models, reference, monkeypatch, kind, broken):
+    """The fixture exercises each Gemma 3n path: skipping one moves the logits far beyond the tolerance."""
+    p = reference["e2b_pattern"]["prompts"]["long"]
+    positions, want = _rows(p["prefill"])
+    monkeypatch.setitem(numpy_ref.KERNELS, kind, broken)
+    e = wb.Engine(models["e2b_pattern"], "numpy")
+    assert _worst(e.forward(e.new_sequence(), p["ids"], logits=positions), want) > 100 * TOLERANCE
+
+
+# -- directory layouts --------------------------------------------------------------------------------
+def _rewrite(
+    src: str,
+    dst: Path,
+    rename: Callable[[str], str | None] = lambda n: n,
+    add: dict[str, np.ndarray] | None = None,
+    edit: dict[str, Callable[[np.ndarray], np.ndarray]] | None = None,
+    config: Callable[[dict], dict] = lambda c: c,
+) -> Path:
+    """A copy of fixture ``src`` with tensors renamed (None: dropped), added or edited, and its config."""
+    folder = FIXTURES / "gemma3n" / src
+    dst.mkdir(parents=True)
+    shutil.copy(folder / "tokenizer.model", dst)
+    header, data = split((folder / "model.safetensors").read_bytes())
+    header.pop("__metadata__", None)
+    arrays = {}
+    for name, e in header.items():
+        lo, hi = e["data_offsets"]
+        value = np.frombuffer(data[lo:hi], np.float16).reshape(e["shape"])
+        value = (edit or {}).get(name, lambda v: v)(value)
+        if (new := rename(name)) is not None:
+            arrays[new] = value
+    arrays.update(add or {})
+    out, blobs, offset = {}, [], 0
+    for name, value in arrays.items():
+        raw = np.ascontiguousarray(value, np.float16).tobytes()
+        out[name] = {"dtype": "F16", "shape": list(value.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    (dst / "model.safetensors").write_bytes(join(out, b"".join(blobs)))
+    cfg = json.loads((folder / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(config(cfg)))
+    return dst
+
+
+def _last_logits(model, ids: list[int]) -> np.ndarray:
+    e = wb.Engine(model, "numpy")
+    return e.forward(e.new_sequence(), ids)
+
+
+def _conditional(cfg: dict) -> dict:
+    """A ``Gemma3nForConditionalGeneration`` config around the text config."""
+    return {
+        "architectures": ["Gemma3nForConditionalGeneration"],
+        "model_type": "gemma3n",
+        "text_config": cfg,
+        "vision_config": {"model_type": "gemma3n_vision"},
+        "audio_config": {"model_type": "gemma3n_audio"},
+    }
+
+
+@pytest.mark.parametrize("prefix", ["model.language_model.", "language_model.model."])
+def test_conditional_generation_directories(tmp_path, models, reference, prefix):
+    """Text weights under either prefix, towers beside them, unused K/V on sharing layers: same logits."""
+    ignored = {
+        "model.vision_tower.timm_model.conv_stem.conv.weight": np.ones((4, 3, 3, 3), np.float16),
+        "model.embed_audio.embedding.weight": np.ones((8, 32), np.float16),
+        "model.language_model.layers.12.self_attn.k_proj.weight": np.full((8, 32), 7.0, np.float16),
+        "model.language_model.layers.12.self_attn.v_proj.weight": np.full((8, 32), 7.0, np.float16),
+    }
+    folder = _rewrite(
+        "e2b_pattern",
+        tmp_path / "cond",
+        rename=lambda n: prefix + n.removeprefix("model."),
+        add=ignored,
+        config=_conditional,
+    )
+    model = wb.load(folder)
+    assert model.config == models["e2b_pattern"].config.with_(name=model.config.name)
+    assert set(model.weights) == set(models["e2b_pattern"].weights)
+    ids = reference["e2b_pattern"]["prompts"]["long"]["ids"]
+    got, want = (_last_logits(m, ids) for m in (model, models["e2b_pattern"]))
+    assert np.array_equal(got, want)
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+def test_missing_tensor_is_named(tmp_path):
+    drop = "model.layers.3.altup.router_norm.weight"
+    folder = _rewrite("e2b_pattern", tmp_path / "m", rename=lambda n: None if n == drop else n)
+    with pytest.raises(ModelFormatError, match=r"'model\.layers\.3\.altup\.router_norm\.weight'.*missing"):
+        wb.load(folder)
+
+
+def test_stacked_projection_part_missing(tmp_path):
+    drop = "model.altup_projections.1.weight"
+    folder = _rewrite("gqa_softcap", tmp_path / "m", rename=lambda n: None if n == drop else n)
+    with pytest.raises(ModelFormatError, match=r"altup_proj\.weight.*parts \[0, 2\]"):
+        wb.load(folder)
+
+
+@pytest.mark.parametrize("value", [3, 2, 8])
+def test_altup_inputs_other_than_4(tmp_path, value):
+    folder = _rewrite("gqa_softcap", tmp_path / "m", config=lambda c: {**c, "altup_num_inputs": value})
+    with pytest.raises(UnsupportedModelError, match=rf"altup_num_inputs is {value}: .*4 AltUp streams"):
+        wb.load(folder)
+
+
+def test_ple_table_shorter_than_the_vocabulary(tmp_path):
+    folder = _rewrite(
+        "gqa_softcap", tmp_path / "m", config=lambda c: {**c, "vocab_size_per_layer_input": 400}
+    )
+    with pytest.raises(
+        ModelFormatError, match=r"embed_tokens_per_layer.*300 rows.*vocab_size_per_layer_input = 400"
+    ):
+        wb.load(folder)
+
+
+def test_token_ids_past_the_ple_table(tmp_path):
+    """A table of 280 rows for a vocabulary of 300 (as E2B's 262,144 for 262,400) loads; an id past it is
+    refused at the step, naming the table."""
+    folder = _rewrite(
+        "gqa_softcap",
+        tmp_path / "m",
+        edit={"model.embed_tokens_per_layer.weight": lambda v: v[:280]},
+        config=lambda c: {**c, "vocab_size_per_layer_input": 280},
+    )
+    model = wb.load(folder)
+    assert (model.config.vocab_size, model.config.ple_vocab_size) == (300, 280)
+    e = wb.Engine(model, "numpy")
+    assert e.forward(e.new_sequence(), [2, 279, 17]).shape == (300,)
+    with pytest.raises(
+        ValueError,
+        match=r"token id 290 is past the per-layer embedding table per_layer_token_embd \(280 rows",
+    ):
+        e.forward(e.new_sequence(), [2, 290, 17])
