@@ -15,13 +15,18 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf_edit
 import numpy as np
 import pytest
+from gguf_edit import encode_value, read_parts
 from safetensors_edit import join, split
+from tiny import tiny_vocab
 
 import workbench as wb
 from workbench.backends import numpy_ref
 from workbench.models.errors import ModelFormatError, UnsupportedModelError
+from workbench.models.gguf_writer import write_gguf
+from workbench.quant.formats import GGMLType
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ("e2b_pattern", "gqa_softcap", "shared_alternating")
@@ -293,3 +298,82 @@ def test_token_ids_past_the_ple_table(tmp_path):
         match=r"token id 290 is past the per-layer embedding table per_layer_token_embd \(280 rows",
     ):
         e.forward(e.new_sequence(), [2, 290, 17])
+
+
+# -- GGUF (llama.cpp's gemma3n names and metadata) ------------------------------------------------------
+def _gguf(model, path: Path, drop: tuple[str, ...] = (), extra: dict[str, np.ndarray] | None = None,
+          config=None) -> Path:  # fmt: skip
+    """The model's weights as a GGUF file (F16, as stored in the fixture) with the metadata
+    ``write_gguf`` gives Gemma 3n (those of llama.cpp's converter)."""
+    tensors = {n: (GGMLType.F16, t.dequantize()) for n, t in model.weights.items() if n not in drop}
+    tensors |= {n: (GGMLType.F16, v) for n, v in (extra or {}).items()}
+    return write_gguf(path, config or model.config, tensors, tiny_vocab())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_gguf_gives_the_same_model(tmp_path, models, reference, name):
+    """Config and logits of the GGUF equal those of the Hugging Face directory (the same float16 weights);
+    the unused K/V a converter may write for sharing layers are allowed and not loaded."""
+    hf = models[name]
+    c = hf.config
+    unused = {
+        f"blk.{i}.{w}.weight": np.ones(hf.weights[f"blk.{c.kv_layer(i)}.{w}.weight"].shape, np.float32)
+        for i in range(c.n_layers)
+        if not c.owns_kv(i)
+        for w in ("attn_k", "attn_v", "attn_k_norm")
+    }
+    model = wb.load(_gguf(hf, tmp_path / f"{name}.gguf", extra=unused))
+    ours, want = model.config.to_dict(), c.to_dict()
+    for key in ("rms_eps", "activation_sparsity"):  # stored as float32 / as Phi^-1 of the sparsity
+        assert ours.pop(key) == pytest.approx(want.pop(key), rel=1e-6)
+    assert ours == {**want, "name": ours["name"]}
+    topk = [
+        [op.attrs["std_multiplier"] for op in m.graph(2, 1).ops if op.kind == "gaussian_topk"]
+        for m in (model, hf)
+    ]
+    assert topk[0] == topk[1]  # the same Gaussian top-k multipliers
+    assert set(model.weights) == set(hf.weights)
+    ids = reference[name]["prompts"]["long"]["ids"]
+    assert np.array_equal(_last_logits(model, ids), _last_logits(hf, ids))
+
+
+def test_gguf_missing_tensor_is_named(tmp_path, models):
+    path = _gguf(models["e2b_pattern"], tmp_path / "m.gguf", drop=("blk.3.altup_router_norm.weight",))
+    with pytest.raises(
+        ModelFormatError, match=r"Gemma 3n tensor 'blk\.3\.altup_router_norm\.weight' is missing"
+    ):
+        wb.load(path)
+
+
+def _edited(path: Path, key: str, vtype: int | None, payload: bytes = b"") -> Path:
+    out = path.with_name(f"edited-{path.name}")
+    out.write_bytes(read_parts(path).with_entry(key, vtype, payload).to_bytes())
+    return out
+
+
+@pytest.mark.parametrize("value", [3, 5])
+def test_gguf_altup_inputs_other_than_4(tmp_path, models, value):
+    path = _gguf(models["gqa_softcap"], tmp_path / "m.gguf")
+    edited = _edited(path, "gemma3n.altup.num_inputs", gguf_edit.U32, encode_value(gguf_edit.U32, value))
+    with pytest.raises(UnsupportedModelError, match=rf"gemma3n\.altup\.num_inputs is {value}: .*4 AltUp"):
+        wb.load(edited)
+
+
+def test_gguf_without_shared_kv_layers(tmp_path, models):
+    edited = _edited(
+        _gguf(models["gqa_softcap"], tmp_path / "m.gguf"), "gemma3n.attention.shared_kv_layers", None
+    )
+    with pytest.raises(ModelFormatError, match=r"gemma3n\.attention\.shared_kv_layers is missing"):
+        wb.load(edited)
+
+
+def test_gguf_ple_table_shorter_than_the_vocabulary(tmp_path, models):
+    hf = models["gqa_softcap"]
+    table = hf.weights["per_layer_token_embd.weight"].dequantize()[:280]
+    path = _gguf(hf, tmp_path / "m.gguf", drop=("per_layer_token_embd.weight",),
+                 extra={"per_layer_token_embd.weight": table}, config=hf.config.with_(ple_vocab_size=280))  # fmt: skip
+    with pytest.raises(
+        ModelFormatError,
+        match=r"'per_layer_token_embd\.weight' has 280 rows, fewer than the vocabulary's 300",
+    ):
+        wb.load(path)

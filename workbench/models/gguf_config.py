@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import gemma3n_gguf
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .errors import UnsupportedModelError
 from .gemma3 import weight_shapes
@@ -44,8 +45,11 @@ def _layer_types(f: Fields, key: str, n_layers: int) -> tuple[tuple[str, ...], i
 
 
 def config_from_gguf(meta: Mapping[str, Any], shapes: Shapes, source: str, name: str = "") -> ModelConfig:
-    """The config of a Gemma 3 GGUF file's metadata; ``shapes`` maps tensor names to (name, shape)."""
+    """The config of a Gemma 3 (or Gemma 3n: :mod:`.gemma3n_gguf`) GGUF file's metadata; ``shapes`` maps
+    tensor names to (name, shape)."""
     arch = architecture(meta, source)
+    if arch == gemma3n_gguf.ARCH:
+        return gemma3n_gguf.config_from_gguf(meta, shapes, source, name)
     f = Fields(meta, source)
 
     def key(k: str) -> str:

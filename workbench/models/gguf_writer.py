@@ -1,4 +1,4 @@
-"""Write Gemma 3 GGUF files (synthetic models, tests, conversions) through ``gguf.GGUFWriter``.
+"""Write Gemma 3 and Gemma 3n GGUF files (synthetic models, tests, conversions) through ``gguf.GGUFWriter``.
 
 Tensors are given in numpy order: float arrays are stored as F32/F16, and ``uint8`` arrays of raw quant
 blocks are stored as-is with their GGML type, so files are readable by llama.cpp too. Tensor data are
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
@@ -59,7 +60,8 @@ def write_gguf(
     extra: Mapping[str, str | int | float] | None = None,
     on_tensor: Callable[[str, int], None] | None = None,
 ) -> Path:
-    """Write a GGUF file with the Gemma 3 metadata of ``config``.
+    """Write a GGUF file with the Gemma 3 (or Gemma 3n, as llama.cpp's converter writes it) metadata of
+    ``config``.
 
     ``tensors`` maps GGUF names to ``(type, data)``: float data (numpy shape) for F32/F16, or ``uint8``
     raw blocks of shape (rows, bytes per row) for quantized types; ``data`` may be a :class:`TensorSource`
@@ -67,13 +69,13 @@ def write_gguf(
     """
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    w = GGUFWriter(str(tmp), "gemma3")
     c = config
+    w = GGUFWriter(str(tmp), c.arch)
     w.add_name(name or c.name)
     w.add_context_length(c.context_length)
     w.add_embedding_length(c.hidden)
     w.add_block_count(c.n_layers)
-    w.add_feed_forward_length(c.ffn)
+    w.add_feed_forward_length([c.ffn] * c.n_layers if c.arch == "gemma3n" else c.ffn)
     w.add_head_count(c.n_heads)
     w.add_head_count_kv(c.n_kv_heads)
     w.add_key_length(c.head_dim)
@@ -81,13 +83,15 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c.rms_eps)
     w.add_rope_freq_base(c.rope_base_global)
     w.add_sliding_window(c.sliding_window)
-    if c.sliding_window_pattern != 6 or any(
+    if c.arch == "gemma3n":
+        _gemma3n_metadata(w, c)
+    elif c.sliding_window_pattern != 6 or any(
         t != ("global" if (i + 1) % 6 == 0 else "sliding") for i, t in enumerate(c.layer_types)
     ):
         w.add_array("gemma3.attention.sliding_window_pattern", [t == "sliding" for t in c.layer_types])
     if c.rope_scale_global != 1.0:
-        w.add_string("gemma3.rope.scaling.type", "linear")
-        w.add_float32("gemma3.rope.scaling.factor", c.rope_scale_global)
+        w.add_string(f"{c.arch}.rope.scaling.type", "linear")
+        w.add_float32(f"{c.arch}.rope.scaling.factor", c.rope_scale_global)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(list(vocab.tokens))
@@ -142,6 +146,25 @@ def write_gguf(
     w.close()
     tmp.replace(path)
     return path
+
+
+def _gemma3n_metadata(w: GGUFWriter, c: ModelConfig) -> None:
+    """The keys llama.cpp's converter adds for Gemma 3n (``Gemma3NModel.set_gguf_parameters``)."""
+    w.add_rope_freq_base_swa(c.rope_base_local)
+    if c.final_logit_softcap:
+        w.add_final_logit_softcapping(c.final_logit_softcap)
+    w.add_altup_active_idx(0)
+    w.add_altup_num_inputs(c.altup_inputs)
+    w.add_embedding_length_per_layer_input(c.ple_dim)
+    w.add_shared_kv_layers(c.kv_shared_layers)
+    # Phi^-1 of each layer's sparsity, as the converter computes it (float32): -inf on dense layers
+    w.add_activation_sparsity_scale(
+        [
+            float(np.float32(NormalDist().inv_cdf(float(np.float32(s))))) if s > 0 else -np.inf
+            for s in c.activation_sparsity
+        ]
+    )
+    w.add_sliding_window_pattern([t == "sliding" for t in c.layer_types])
 
 
 __all__ = ["TensorSource", "VocabSpec", "write_gguf"]

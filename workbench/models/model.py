@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ops.graph import Graph, WeightSpec
-from .architectures import build_graph
+from .architectures import build_graph, required_weights
 from .config import ModelConfig
 from .gguf import GGUFFile
 from .gguf_config import config_from_gguf
@@ -85,8 +85,18 @@ class Model:
 
     def describe(self) -> dict:
         c = self.config
+        extra = {}
+        if c.arch == "gemma3n":
+            extra = {
+                "altup_inputs": c.altup_inputs,
+                "laurel_rank": c.laurel_rank,
+                "per_layer_embedding": {"width": c.ple_dim, "rows": c.ple_vocab_size},
+                "kv_shared_layers": {i: c.kv_layer(i) for i in range(c.n_layers) if not c.owns_kv(i)},
+                "sparse_layers": {i: s for i, s in enumerate(c.activation_sparsity) if s > 0},
+            }
         return {
             "name": c.name,
+            "arch": c.arch,
             "source": self.source,
             "kind": self.kind,
             "params": c.n_params(),
@@ -101,6 +111,7 @@ class Model:
             "context": c.context_length,
             "sliding_window": c.sliding_window,
             "global_layers": [i for i in range(c.n_layers) if not c.is_sliding(i)],
+            **extra,
         }
 
 
@@ -115,8 +126,11 @@ def load_gguf(path: str | Path, kind: str = "gguf", name: str = "") -> Model:
         kind = "synthetic"
     shapes = {n: (n, info.shape) for n, info in gguf.tensors.items()}
     config = config_from_gguf(gguf.metadata, shapes, str(path), name=name)
+    used = set(required_weights(config))  # Gemma 3n files may hold K/V that sharing layers never use
     tensors = {
-        n: QTensor(n, info.type, info.shape, _gguf_loader(gguf, n)) for n, info in gguf.tensors.items()
+        n: QTensor(n, info.type, info.shape, _gguf_loader(gguf, n))
+        for n, info in gguf.tensors.items()
+        if config.arch != "gemma3n" or n in used
     }
     tokenizer = TokenizerLoader(lambda: Tokenizer.from_gguf(gguf))
     return Model(config, Weights(tensors, str(path)), tokenizer, str(path), kind, metadata=gguf.metadata)
