@@ -17,9 +17,14 @@ three times) it records, at chosen positions, the whole logits row of one prefil
 token-by-token decoding with the cache, and a 12-token greedy continuation with each step's top-2 margin.
 transformers 5.24 shares KV with or without a cache; the script checks that a no-cache forward agrees.
 
+With ``--llama-cpp DIR`` (the ``vendor/llama.cpp`` folder of the llama-cpp-python sdist, whose
+``convert_hf_to_gguf.py`` needs torch, transformers and sentencepiece) it also converts the checkpoints of
+``GGUF_CONFIGS`` with llama.cpp's own converter to ``tests/fixtures/gemma3n/<name>.gguf`` (f16): the
+ground truth for the GGUF names and metadata the loader reads.
+
 Dev-only: needs the ``reference`` extra (CPU torch, transformers >= 5.24); runs offline.
 
-    HF_HUB_OFFLINE=1 python scripts/make_gemma3n_reference.py [--out-dir tests/fixtures]
+    HF_HUB_OFFLINE=1 python scripts/make_gemma3n_reference.py [--out-dir tests/fixtures] [--llama-cpp DIR]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,6 +56,7 @@ VOCAB = 300  # the tests' tiny tokenizer (tests/tiny.py)
 GREEDY_STEPS = 12
 PROMPT_SEED = 20261127
 COEF_SCALE, POST_NORM_SCALE = 0.05, 0.3  # a random model that does not amplify rounding (see above)
+GGUF_CONFIGS = ("e2b_pattern",)  # converted by llama.cpp's converter with --llama-cpp (one: fixture size)
 COMMON = dict(
     vocab_size=VOCAB,
     vocab_size_per_layer_input=VOCAB,
@@ -209,9 +216,17 @@ def write_json(path: Path, data: dict) -> None:
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
 
 
+def convert(llama_cpp: Path, folder: Path, out: Path) -> None:
+    """``folder`` as an f16 GGUF file by llama.cpp's ``convert_hf_to_gguf.py`` (its bundled gguf-py)."""
+    cmd = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f16"]
+    subprocess.run([*cmd, "--outfile", str(out)], check=True, cwd=llama_cpp, capture_output=True)
+    print(f"{out.name}: by llama.cpp's converter ({out.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", type=Path, default=ROOT / "tests" / "fixtures")
+    ap.add_argument("--llama-cpp", type=Path, help="vendor/llama.cpp of the llama-cpp-python sdist")
     args = ap.parse_args()
     import torch
     import transformers
@@ -266,6 +281,8 @@ def main() -> int:
         size = sum(f.stat().st_size for f in folder.iterdir())
         print(f"{name}: {folder} ({size / 1024:.0f} KiB)", file=sys.stderr)
         out["models"][name] = entry
+        if args.llama_cpp and name in GGUF_CONFIGS:
+            convert(args.llama_cpp, folder, folder.with_suffix(".gguf"))
     write_json(args.out_dir / "gemma3n_transformers.json", out)
     return 0
 

@@ -377,3 +377,21 @@ def test_gguf_ple_table_shorter_than_the_vocabulary(tmp_path, models):
         match=r"'per_layer_token_embd\.weight' has 280 rows, fewer than the vocabulary's 300",
     ):
         wb.load(path)
+
+
+def test_gguf_of_llama_cpp_converter_matches_transformers(models, reference):
+    """tests/fixtures/gemma3n/e2b_pattern.gguf was written by llama.cpp's own convert_hf_to_gguf.py (the
+    llama-cpp-python 0.3.36 sdist) from the e2b_pattern directory: same config, logits within tolerance."""
+    model = wb.load(FIXTURES / "gemma3n" / "e2b_pattern.gguf")
+    ours, want = model.config.to_dict(), models["e2b_pattern"].config.to_dict()
+    for key in ("rms_eps", "activation_sparsity"):
+        assert ours.pop(key) == pytest.approx(want.pop(key), rel=1e-6)
+    assert ours == {**want, "name": ours["name"]}
+    assert set(model.weights) == set(models["e2b_pattern"].weights)
+    p = reference["e2b_pattern"]["prompts"]["long"]
+    positions, want_prefill = _rows(p["prefill"])
+    e = wb.Engine(model, "numpy")
+    assert _worst(e.forward(e.new_sequence(), p["ids"], logits=positions), want_prefill) < TOLERANCE
+    seq = e.new_sequence()
+    steps = np.stack([e.forward(seq, [t]) for t in p["ids"]])
+    assert _worst(steps[positions], _rows(p["token_by_token"])[1]) < TOLERANCE
