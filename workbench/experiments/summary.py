@@ -274,6 +274,11 @@ def entry_of_record(rec: dict[str, Any], rel: str) -> Entry:
         device=device_label(rec), how=how_label(str(rec.get("how") or "")),
         settings=command_label(str(rec.get("command") or "")), run_id=str(rec.get("run_id") or ""),
     )  # fmt: skip
+    tuned = ((env.get("device") or {}) if isinstance(env.get("device"), dict) else {}).get(
+        "tuned_shapes"
+    ) or {}
+    if tuned.get("used"):  # per-shape parameters `workbench tune` found on that device
+        e.how += f", tuned ({tuned['used']} shapes)"
     res = rec.get("results") or {}
     if e.kind == "bench":
         _bench(e, res, rec)
@@ -635,7 +640,8 @@ def readme_table(root: str | Path | None = None) -> str:
         "One row per backend x model: the latest `workbench bench` run at default settings in "
         "[experiments/](experiments/README.md). *decode / bound*: decode tok/s over what the bytes of a token "
         "and the bandwidth allow (measured bandwidth of the host at the time; (p): projected from the "
-        "published bandwidth). `+dirty`: run with uncommitted changes; `—`: not recorded.",
+        "published bandwidth). *tuned (N shapes)*: the backend applied the per-shape kernel parameters that "
+        "`workbench tune` found on that device. `+dirty`: run with uncommitted changes; `—`: not recorded.",
         README_END,
     ]
     return "\n".join(lines)
