@@ -324,6 +324,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
 
 
+def _timing_label(timings: set[str]) -> str:
+    """How a group of op rows was timed: ``emulated`` (every row from the NPU emulator's model), else
+    measured by device timestamps or by the host's clock."""
+    if timings and all(t.startswith("emulated") for t in timings):
+        return "emulated"
+    return "measured, device timestamps" if timings == {"device"} else "measured, host clock"
+
+
 def latest_measurements() -> dict[str, dict[str, str]]:
     """Op kind -> backend -> the latest committed run record's per-op time of that kind: the median over the
     record's op rows, decode and prefill apart, with the model, device, date, how it was obtained and a link.
@@ -346,9 +354,9 @@ def latest_measurements() -> dict[str, dict[str, str]]:
         times = df["device_s"].where(df["device_s"].notna(), df["time_s"])
         model = str(run.get("model", {}).get("name", "?")).removeprefix("synthetic:")
         device = str(run.get("device", "?")).split(":", 1)[-1]
-        how = str(run.get("how", "")).split(" ", 1)[0] or "measured"
         created = str(run.get("created", ""))[:10]
         for (kind, backend), rows in df.assign(t=times).groupby(["kind", "backend"]):
+            how = _timing_label(set(rows["timing"].astype(str)) if "timing" in rows else set())
             phases = [
                 f"{phase} {_duration(float(rows.t[rows.phase == phase].median()))}"
                 for phase in ("decode", "prefill")

@@ -80,7 +80,8 @@ def driver_label(env: dict[str, Any] | None) -> str:
         return ""
     if drv.get("api") == "vulkan":
         return f"{drv.get('driver_name') or 'driver'} {drv.get('driver_info') or drv.get('driver_version')}".strip()
-    return str(drv.get("api") or "")
+    api = str(drv.get("api") or "")
+    return "" if api == "none" else api  # an emulator: no driver
 
 
 def model_name(name: Any) -> str:
@@ -98,8 +99,14 @@ def _size(model: str) -> float:
     return float(m.group(1)) * (1e6 if m.group(2) == "m" else 1e9) if m else 0.0
 
 
+EMULATOR_WALL = "host wall time of the emulator"
+
+
 def how_label(how: str) -> str:
-    """measured / emulated / projected (the first word of a record's ``how``), and synthetic weights."""
+    """measured / emulated / projected (the first word of a record's ``how``), and synthetic weights. A run
+    on an emulator (the NPU backend without an NPU) measured the host running it, not the device."""
+    if "(emulator)" in how:
+        return EMULATOR_WALL + (", synthetic weights" if "synthetic" in how else "")
     word = next((w for w in ("measured", "emulated", "projected", "modeled") if how.startswith(w)), "")
     if not word:
         word = next((w for w in ("emulated", "projected", "measured") if w in how), how.split(" ")[0])
@@ -179,7 +186,7 @@ def _bench(e: Entry, res: dict[str, Any], rec: dict[str, Any]) -> None:
     bb = (res.get("ours") or {}).get("bandwidth_bound")
     if isinstance(bb, dict) and _median(bb.get("fraction")) is not None:
         e.bound, e.bound_how = _median(bb.get("fraction")), "measured"
-    else:
+    elif not e.how.startswith(EMULATOR_WALL):  # an emulator's speed is not the device's: no bound
         e.bound, e.bound_how = _projected_bound(e.decode_tok_s, rec)
     llama = res.get("llama_cpp") or {}
     if llama:
