@@ -23,7 +23,7 @@ from safetensors_edit import join, split
 from tiny import tiny_vocab
 
 import workbench as wb
-from workbench.backends import numpy_ref
+from workbench.backends import UnsupportedOpError, numpy_ref
 from workbench.models.errors import ModelFormatError, UnsupportedModelError
 from workbench.models.gguf_writer import write_gguf
 from workbench.quant.formats import GGMLType
@@ -395,3 +395,22 @@ def test_gguf_of_llama_cpp_converter_matches_transformers(models, reference):
     seq = e.new_sequence()
     steps = np.stack([e.forward(seq, [t]) for t in p["ids"]])
     assert _worst(steps[positions], _rows(p["token_by_token"])[1]) < TOLERANCE
+
+
+class _NoGemma3n(numpy_ref.NumpyBackend):
+    """A backend whose construction refuses the model's op kinds (as the cpu backend's warm-up does)."""
+
+    def __init__(self, model, **options):
+        raise UnsupportedOpError(
+            f"{type(self).__name__}: op 'ple_project' has unsupported kind 'ple_project'"
+        )
+
+
+def test_auto_passes_over_a_backend_without_the_kinds(monkeypatch, models, capsys):
+    from workbench import backends
+
+    monkeypatch.setattr(backends, "auto_candidates", lambda: ["cpu", "numpy"])
+    real = backends.backend_class
+    monkeypatch.setattr(backends, "backend_class", lambda n: _NoGemma3n if n == "cpu" else real(n))
+    assert backends.make_backend("auto", models["gqa_softcap"]).name == "numpy"
+    assert "cpu: _NoGemma3n: op 'ple_project' has unsupported kind" in capsys.readouterr().err

@@ -63,7 +63,7 @@ def make_backend(name: str, model: Model, **options: Any) -> Backend:
                 errors.append(f"{cand}: {why_not}")
                 continue
             backend = backend_class(cand)(model, **options)
-        except BackendUnavailableError as e:
+        except (BackendUnavailableError, UnsupportedOpError) as e:  # not here, or not for this model's ops
             errors.append(f"{cand}: {e}")
             continue
         if getattr(backend, "auto_acceptable", True):
