@@ -26,6 +26,7 @@ import workbench as wb
 from workbench.backends import UnsupportedOpError, numpy_ref
 from workbench.models.errors import ModelFormatError, UnsupportedModelError
 from workbench.models.gguf_writer import write_gguf
+from workbench.ops.kinds import op_cost, step_cost
 from workbench.quant.formats import GGMLType
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -100,6 +101,16 @@ def test_graph_and_cache_of_shared_layers(models):
     assert len(cache.owned()) == 10
     assert cache.layers[12] is cache.layers[8] and cache.layers[14] is cache.layers[9]
     assert not any(n.startswith("blk.12.attn_k") for n in model.weights)
+
+
+def test_decode_cost_gathers_the_ple_table(models):
+    """A decode step reads two rows of the embedding tables, never the per-layer table as a whole."""
+    model = models["e2b_pattern"]
+    graph = model.graph(1, 1)
+    table = model.weights["per_layer_token_embd.weight"]
+    cost = op_cost(graph.op("ple_embed"), graph, np.array([20]))
+    assert cost.bytes_read < 2 * table.nbytes / table.shape[0]
+    assert step_cost(graph, np.array([20])).flops > 0
 
 
 # -- numpy against transformers -----------------------------------------------------------------------

@@ -142,6 +142,12 @@ def _altup_router(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
     )
 
 
+def _ple_gate(op: Op, graph: Graph, positions: np.ndarray) -> Cost:
+    """GELU of the gate times the layer's slice of the per-layer inputs (not all layers' inputs)."""
+    out = _act_bytes(graph, op.outputs)
+    return Cost(10.0 * _numel(graph, op.outputs[0]), 2 * out, out)
+
+
 @dataclass(frozen=True)
 class OpKind:
     name: str
@@ -209,7 +215,7 @@ KINDS: dict[str, OpKind] = {
         OpKind(
             "ple_project", "per-layer inputs: (RMSNorm(proj * scale) + table rows) / sqrt(2)", _elementwise(6)
         ),
-        OpKind("ple_gate", "gelu_tanh(gate) * the layer's per-layer input", _elementwise(10)),
+        OpKind("ple_gate", "gelu_tanh(gate) * the layer's per-layer input", _ple_gate),
         OpKind(
             "ple_inject",
             "add the per-layer embedding to every AltUp stream but the active one",
