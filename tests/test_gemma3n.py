@@ -425,3 +425,33 @@ def test_auto_passes_over_a_backend_without_the_kinds(monkeypatch, models, capsy
     monkeypatch.setattr(backends, "backend_class", lambda n: _NoGemma3n if n == "cpu" else real(n))
     assert backends.make_backend("auto", models["gqa_softcap"]).name == "numpy"
     assert "cpu: _NoGemma3n: op 'ple_project' has unsupported kind" in capsys.readouterr().err
+
+
+def test_ragged_batch_equals_sequences_alone(models):
+    """Sequences sharing one step (decode beside prefill chunks) each read their own owners' caches."""
+    from workbench.runtime.batch import SeqChunk, forward_batch
+
+    e = wb.Engine(models["e2b_pattern"], "numpy")
+    rng = np.random.default_rng(0)
+    history = [rng.integers(6, 300, n).tolist() for n in (5, 1, 12, 9)]
+    new = [[17], rng.integers(6, 300, 4).tolist(), [7], rng.integers(6, 300, 10).tolist()]
+    seqs = [e.new_sequence(64) for _ in history]
+    for s, h in zip(seqs, history, strict=True):
+        e.forward(s, h)
+    got = forward_batch(e, [SeqChunk(s, n, "all") for s, n in zip(seqs, new, strict=True)])
+    for g, h, n in zip(got, history, new, strict=True):
+        s = e.new_sequence(64)
+        e.forward(s, h)
+        np.testing.assert_allclose(g, e.forward(s, n, logits="all"), atol=2e-5, rtol=1e-5)
+
+
+def test_rollback_of_shared_caches(models):
+    """Truncating a sequence (speculative decoding's rollback) truncates each owner's cache once; decoding
+    again gives the same logits."""
+    e = wb.Engine(models["e2b_pattern"], "numpy")
+    ids = np.random.default_rng(1).integers(6, 300, 20).tolist()
+    seq = e.new_sequence(64, slack=8)
+    want = e.forward(seq, ids, logits="all")
+    seq.cache.truncate(14)
+    got = np.stack([e.forward(seq, [t]) for t in ids[14:]])
+    np.testing.assert_allclose(got, want[14:], atol=2e-5, rtol=1e-5)
