@@ -11,6 +11,7 @@ and the errors for bad input.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -455,3 +456,68 @@ def test_rollback_of_shared_caches(models):
     seq.cache.truncate(14)
     got = np.stack([e.forward(seq, [t]) for t in ids[14:]])
     np.testing.assert_allclose(got, want[14:], atol=2e-5, rtol=1e-5)
+
+
+# -- every config key and GGUF key bent: a clear error or a model that runs ---------------------------
+JSON_VALUES = (None, True, -1, 0, 1.5, "x", [], {}, 10**30, "removed")
+
+
+def _loads_cleanly(where) -> str | None:
+    """None when ``where`` loads and runs 3 tokens or fails with a model error, else what went wrong."""
+    try:
+        model = wb.load(where)
+        e = wb.Engine(model, "numpy")
+        e.forward(e.new_sequence(min(64, model.config.context_length)), [2, 5, 7])
+    except UnsupportedModelError:
+        return None
+    except Exception as ex:  # what the test looks for
+        return f"{type(ex).__name__}: {str(ex)[:120]}"
+    return None
+
+
+def _json_paths(obj: dict, prefix: tuple = ()):
+    for k, v in obj.items():
+        yield (*prefix, k)
+        if isinstance(v, dict):
+            yield from _json_paths(v, (*prefix, k))
+        elif isinstance(v, list) and v and not isinstance(v[0], (dict, list)):
+            yield (*prefix, k, 0)
+
+
+def test_config_fields_bent(tmp_path):
+    folder = _rewrite("shared_alternating", tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    bad = []
+    for path in list(_json_paths(config)):
+        for value in JSON_VALUES:
+            doc = json.loads(json.dumps(config))
+            target = doc
+            for k in path[:-1]:
+                target = target[k]
+            if value != "removed":
+                target[path[-1]] = value
+            elif isinstance(target, dict):
+                target.pop(path[-1])
+            (folder / "config.json").write_text(json.dumps(doc))
+            if why := _loads_cleanly(folder):
+                bad.append((path, value, why))
+    assert not bad, bad[:5]
+
+
+def test_gguf_keys_bent(tmp_path):
+    parts = read_parts(FIXTURES / "gemma3n" / "e2b_pattern.gguf")
+    U32, I32, F32, ARRAY = gguf_edit.U32, gguf_edit.I32, gguf_edit.F32, gguf_edit.ARRAY
+    values = [
+        (U32, 0), (U32, 3), (I32, -1), (F32, float("nan")), (F32, -math.inf), (gguf_edit.STRING, "x"),
+        (gguf_edit.BOOL, 1), (ARRAY, (F32, [1.0, 2.0])), (ARRAY, (F32, [math.inf] * 15)),
+        (ARRAY, (gguf_edit.BOOL, [0] * 15)), (ARRAY, (U32, [64] * 14 + [32])), (ARRAY, (I32, [0] * 15)),
+    ]  # fmt: skip
+    bad = []
+    path = tmp_path / "bent.gguf"
+    for entry in [e for e in parts.entries if e.key.startswith("gemma3n.")]:
+        for vtype, value in [*values, (None, None)]:
+            payload = b"" if vtype is None else encode_value(vtype, value)
+            path.write_bytes(parts.with_entry(entry.key, vtype, payload).to_bytes())
+            if why := _loads_cleanly(str(path)):
+                bad.append((entry.key, vtype, value, why))
+    assert not bad, bad[:5]
