@@ -521,3 +521,28 @@ def test_gguf_keys_bent(tmp_path):
             if why := _loads_cleanly(str(path)):
                 bad.append((entry.key, vtype, value, why))
     assert not bad, bad[:5]
+
+
+def test_e2b_shaped_graph_streams_the_layers_and_head_only():
+    """The graph at E2B's real shapes (weights described, not loaded): a decode step streams the layers and
+    the tied head, ~2.42 B parameters (the published ~2.44 B counts the unused K/V of sharing layers), and
+    gathers one row of the 2.0 B-parameter per-layer table."""
+    from workbench.models import gemma3n
+    from workbench.models.config import ModelConfig
+    from workbench.ops.graph import WeightSpec
+
+    c = ModelConfig(
+        name="e2b", arch="gemma3n", n_layers=30, hidden=2048, ffn=8192, n_heads=8, n_kv_heads=2, head_dim=256,
+        vocab_size=262_400, sliding_window_pattern=5, altup_inputs=4, laurel_rank=64, ple_dim=256,
+        ple_vocab_size=262_144, kv_shared_layers=10, activation_sparsity=(0.95,) * 10 + (0.0,) * 20,
+        query_pre_attn_scalar=1.0, final_logit_softcap=30.0,
+    )  # fmt: skip
+    specs = {n: WeightSpec("BF16", s, 2 * math.prod(s)) for n, s in gemma3n.weight_shapes(c).items()}
+    graph = gemma3n.build_graph(c, specs, 1, 1)
+    assert [c.kv_layer(i) for i in range(20, 30)] == [18] * 4 + [19] + [18] * 4 + [19]
+    streamed = {w for op in graph.ops if op.kind != "embed" for w in op.weights}
+    params = sum(math.prod(specs[w].shape) for w in streamed)
+    table = 262_144 * 30 * 256
+    assert params == c.n_params() - table and abs(params / 1e9 - 2.422) < 0.001
+    ple = op_cost(graph.op("ple_embed"), graph, np.array([100]))
+    assert ple.bytes_read < 2 * 30 * 256 * 2
