@@ -345,7 +345,11 @@ def latest_measurements() -> dict[str, dict[str, str]]:
 
     latest: dict[tuple[str, str], tuple[str, str]] = {}
     for ops_file in sorted(EXPERIMENTS.glob("*/*/ops.parquet")):
-        if ops_file.parts[-3].startswith("demo-") or ops_file.parts[-3] == "runs" or not (ops_file.parent / "run.json").is_file():
+        if (
+            ops_file.parts[-3].startswith("demo-")
+            or ops_file.parts[-3] == "runs"
+            or not (ops_file.parent / "run.json").is_file()
+        ):
             continue
         run = json.loads((ops_file.parent / "run.json").read_text())
         df = pd.read_parquet(ops_file)
