@@ -10,6 +10,12 @@ Fused kinds:
 * ``rmsnorm_matmul_gelu``: RMSNorm, gate and up projections, gelu(gate) * up
 * ``rmsnorm_rope``: per-head RMSNorm (QK-norm) then RoPE
 * ``matmul_rmsnorm_add``: projection, post-norm, residual add (attention output, FFN down)
+
+Optional (applied only by a backend that names it; :data:`OPTIONAL_RULES`):
+
+* ``rmsnorm_topk_ffn``: a Gemma 3n sparse layer's MLP from its norm to its residual add (RMSNorm, gate
+  projection, Gaussian top-k, up projection, gelu(gate)*up, down projection, post-norm, add), so that a
+  backend can compute only the up rows and down columns of the units the top-k kept
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ FUSED_KINDS = {
     "rmsnorm_matmul_gelu": "RMSNorm + gate/up projections + gelu(gate)*up",
     "rmsnorm_rope": "per-head RMSNorm (QK-norm) + RoPE",
     "matmul_rmsnorm_add": "projection + post-norm + residual add",
+    "rmsnorm_topk_ffn": "RMSNorm + gate projection + Gaussian top-k + up + gelu(gate)*up + down + post-norm + add",
 }
 for _name, _doc in FUSED_KINDS.items():
     if _name not in KINDS:
@@ -137,6 +144,38 @@ def _rule_matmul_norm_add(ops: list[Op]) -> list[Op] | None:
     return None
 
 
+def _producer(ops: list[Op], t: str) -> int | None:
+    return next((i for i, op in enumerate(ops) if t in op.outputs), None)
+
+
+def _rule_topk_ffn(ops: list[Op]) -> list[Op] | None:
+    cons = _consumers(ops)
+    for i, op in enumerate(ops):
+        if op.kind != "gaussian_topk":
+            continue
+        gate = _producer(ops, op.inputs[0])
+        if gate is None or ops[gate].kind != "matmul" or _sole(cons, ops[gate].outputs[0]) != i:
+            continue
+        norm = _producer(ops, ops[gate].inputs[0])
+        act = _sole(cons, op.outputs[0])
+        if norm is None or ops[norm].kind != "rmsnorm" or ops[norm].attr("group") or act is None:
+            continue
+        users = cons.get(ops[norm].outputs[0], [])
+        up = next((j for j in users if j != gate), None)
+        if len(users) != 2 or up is None or ops[up].kind != "matmul" or ops[act].kind != "gelu_mul":
+            continue
+        if ops[act].inputs != (op.outputs[0], ops[up].outputs[0]) or _sole(cons, ops[up].outputs[0]) != act:
+            continue
+        down = _sole(cons, ops[act].outputs[0])
+        post = _sole(cons, ops[down].outputs[0]) if down is not None and ops[down].kind == "matmul" else None
+        if post is None or ops[post].kind != "rmsnorm" or ops[post].attr("group"):
+            continue
+        res = _sole(cons, ops[post].outputs[0])
+        if res is not None and ops[res].kind == "add" and ops[norm].inputs[0] in ops[res].inputs:
+            return _fuse(ops, [norm, gate, i, up, act, down, post, res], "rmsnorm_topk_ffn", ops[res].outputs)
+    return None
+
+
 RULES: dict[str, Callable[[list[Op]], list[Op] | None]] = {
     "rmsnorm_rope": _rule_norm_rope,
     "rmsnorm_matmul": _rule_norm_matmul,
@@ -145,11 +184,17 @@ RULES: dict[str, Callable[[list[Op]], list[Op] | None]] = {
 }
 
 
+# rules fuse() applies only when named (kinds that not every fusing backend runs)
+OPTIONAL_RULES: dict[str, Callable[[list[Op]], list[Op] | None]] = {"rmsnorm_topk_ffn": _rule_topk_ffn}
+
+
 def fuse(graph: Graph, rules: tuple[str, ...] = tuple(RULES)) -> Graph:
-    """The graph with every match of ``rules`` fused (applied in order, each until no match remains)."""
+    """The graph with every match of ``rules`` fused (applied in order, each until no match remains;
+    names of :data:`RULES` or :data:`OPTIONAL_RULES`)."""
     ops = list(graph.ops)
     for name in rules:
-        while (new := RULES[name](ops)) is not None:
+        rule = RULES.get(name) or OPTIONAL_RULES[name]
+        while (new := rule(ops)) is not None:
             ops = new
     return Graph(graph.config, graph.n_tokens, graph.n_logits, ops, graph.tensors, graph.weights, graph.outputs,
                  graph.rewrites + tuple(rules))  # fmt: skip
