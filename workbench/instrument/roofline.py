@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..models.architectures import build_graph
 from ..models.config import ModelConfig
-from ..models.gemma3 import build_graph
 from ..ops.graph import WeightSpec
 from ..ops.kinds import step_cost
 from .devices import DeviceProfile, get_profile
@@ -50,10 +50,10 @@ class Limits:
 
 def weight_specs_for(config: ModelConfig, quant: str) -> dict[str, WeightSpec]:
     """Weight specs of a model that is not loaded: shapes of ``config`` and llama.cpp's quant plan."""
-    from ..models.synth import quant_plan, weight_shapes
+    from ..models.synth import file_weights, quant_plan
     from ..quant.formats import FORMATS
 
-    plan, shapes = quant_plan(config, quant), weight_shapes(config)
+    plan, shapes = quant_plan(config, quant), file_weights(config)
     return {
         n: WeightSpec(t.name, shapes[n], FORMATS[t].nbytes(int(np.prod(shapes[n])))) for n, t in plan.items()
     }

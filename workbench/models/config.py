@@ -268,6 +268,37 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def _gemma3n_preset(name: str, n_layers: int, ffn: int, kv_shared: int) -> ModelConfig:
+    """Gemma 3n E2B/E4B as llama.cpp's GGUF describes them: the per-layer table padded to the 262,400-token
+    vocabulary (transformers' table has 262,144 rows; the converter pads it), sparsity 0.95 on layers 0-9."""
+    return ModelConfig(
+        name=name,
+        arch="gemma3n",
+        n_layers=n_layers,
+        hidden=2048,
+        ffn=ffn,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=256,
+        vocab_size=262400,
+        sliding_window=512,
+        sliding_window_pattern=5,
+        query_pre_attn_scalar=1.0,
+        final_logit_softcap=30.0,
+        altup_inputs=4,
+        laurel_rank=64,
+        ple_dim=256,
+        ple_vocab_size=262400,
+        kv_shared_layers=kv_shared,
+        activation_sparsity=(0.95,) * 10 + (0.0,) * (n_layers - 10),
+    )
+
+
+# Gemma 3n text decoders (transformers' Gemma3nTextConfig of E2B and E4B; docs/gemma3n.md).
+PRESETS["gemma3n-e2b"] = _gemma3n_preset("gemma3n-e2b", 30, 8192, 10)
+PRESETS["gemma3n-e4b"] = _gemma3n_preset("gemma3n-e4b", 35, 16384, 15)
+
+
 def preset(name: str) -> ModelConfig:
     """A named preset, e.g. ``gemma3-27b``; the error lists the known names."""
     key = name.lower()

@@ -8,7 +8,7 @@ is written without holding it in memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
@@ -36,11 +36,16 @@ class VocabSpec:
 
 @dataclass
 class TensorSource:
-    """A tensor to write: its GGML type, numpy-order value shape, and a function returning its data."""
+    """A tensor to write: its GGML type, numpy-order value shape, and a function returning its data.
+
+    ``chunks``, if given, yields the stored data in row blocks instead (raw blocks for quantized types),
+    written one after the other, so a tensor larger than memory (Gemma 3n's per-layer table) streams.
+    """
 
     type: GGMLType
     shape: tuple[int, ...]
     produce: Callable[[], np.ndarray]
+    chunks: Callable[[], Iterator[np.ndarray]] | None = None
 
     @classmethod
     def of(cls, qtype: GGMLType, data: np.ndarray) -> TensorSource:
@@ -133,6 +138,9 @@ def write_gguf(
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for tname, src in sources.items():
+        if src.chunks is not None:
+            w.write_tensor_data(_Streamed(tname, src, on_tensor))
+            continue
         data = src.produce()
         if src.type == GGMLType.F32:
             data = np.ascontiguousarray(data, dtype=np.float32)
@@ -146,6 +154,28 @@ def write_gguf(
     w.close()
     tmp.replace(path)
     return path
+
+
+class _Streamed:
+    """What ``GGUFWriter.write_tensor_data`` needs of an array (``nbytes``, ``tofile``), fed by a source's
+    ``chunks`` one block of rows at a time."""
+
+    def __init__(self, name: str, src: TensorSource, on_tensor: Callable[[str, int], None] | None) -> None:
+        fmt = FORMATS[src.type]
+        rows = int(np.prod(src.shape[:-1])) if len(src.shape) > 1 else 1
+        self.name, self.src, self.on_tensor = name, src, on_tensor
+        self.nbytes = rows * fmt.nbytes(src.shape[-1])
+
+    def tofile(self, fout) -> None:
+        written = 0
+        for chunk in self.src.chunks():
+            chunk = np.ascontiguousarray(chunk)
+            chunk.tofile(fout)
+            written += chunk.nbytes
+            if self.on_tensor is not None:
+                self.on_tensor(self.name, chunk.nbytes)
+        if written != self.nbytes:
+            raise ValueError(f"{self.name}: its chunks hold {written} bytes, its shape needs {self.nbytes}")
 
 
 def _gemma3n_metadata(w: GGUFWriter, c: ModelConfig) -> None:

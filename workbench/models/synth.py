@@ -1,9 +1,11 @@
 """Synthetic models: valid GGUF files with random weights of the real shapes and quant formats.
 
-They let speed be studied for models whose weights are not here (Gemma 3 1B to 27B); results on them are
-labeled synthetic. Quant formats per tensor follow llama.cpp's rules for each file type (Q4_K_M gives some
-layers Q6_K, falls back to Q5_0/Q8_0 when a row is not a multiple of 256, ...), so the bytes moved per
-token match a real quantized file.
+They let speed be studied for models whose weights are not here (Gemma 3 1B to 27B, Gemma 3n E2B and
+E4B); results on them are labeled synthetic. Quant formats per tensor follow llama.cpp's rules for each
+file type (``llama-quantize``, ``src/llama-quant.cpp``: Q4_K_M gives some layers Q6_K, falls back to
+Q5_0/Q8_0 when a row is not a multiple of 256, leaves Gemma 3n's AltUp, LAuReL and per-layer projection
+tensors as the converter wrote them, ...), so the bytes moved per token match a real quantized file. Big
+tensors are generated and written in blocks of rows, so an E4B (several GB) is written in bounded memory.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..paths import cache_dir
 from ..quant.formats import FORMATS, QK_K, GGMLType
+from . import gemma3n
 from .config import ModelConfig, UnsupportedModelError, preset
 from .gemma3 import required_weights, weight_shapes
 from .gguf import GGUFFile
@@ -30,11 +33,85 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+BASE_TYPES = {
+    "f32": GGMLType.F32,
+    "f16": GGMLType.F16,
+    "q8_0": GGMLType.Q8_0,
+    "q5_0": GGMLType.Q5_0,
+    "q4_0": GGMLType.Q4_0,
+    "q6_k": GGMLType.Q6_K,
+    "q4_k_m": GGMLType.Q4_K,
+}
+# Gemma 3n tensors llama-quantize never quantizes (``tensor_allows_quantization``: names with "altup",
+# "laurel" or "per_layer_model_proj"); they keep the converter's type: F32 for the AltUp coefficient
+# matrices (as llama.cpp's converter writes them), F16 for the rest (its f16 output).
+GEMMA3N_KEPT_F32 = ("altup_correct_coef", "altup_predict_coef")
+GEMMA3N_KEPT = (
+    "altup_proj",
+    "altup_unembd_proj",
+    "altup_router",
+    "laurel_l",
+    "laurel_r",
+    "per_layer_model_proj",
+)
+
+
+def file_weights(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Numpy-order shape of every tensor a GGUF of ``config`` holds, in file order.
+
+    For Gemma 3n that is every weight the model uses plus the K/V projections and K norm of the sharing
+    layers, which the graph never reads: Google's checkpoints (and so llama.cpp's converter) carry them,
+    and llama.cpp's loader requires them in every layer.
+    """
+    if config.arch != "gemma3n":
+        shapes = weight_shapes(config)
+        return {n: shapes[n] for n in required_weights(config)}
+    used = gemma3n.weight_shapes(config)
+    kv = {"attn_k": (config.kv_dim, config.hidden), "attn_v": (config.kv_dim, config.hidden)}
+    kv["attn_k_norm"] = (config.head_dim,)
+    out: dict[str, tuple[int, ...]] = {}
+    for name in gemma3n.required_weights(config):
+        out[name] = used[name]
+        layer = name.split(".")[1] if name.startswith("blk.") else None
+        if layer is not None and name.endswith(".proj.weight") and not config.owns_kv(int(layer)):
+            for k, shape in kv.items():  # after each sharing layer's last weight
+                out[f"blk.{layer}.{k}.weight"] = shape
+    return out
+
+
+def _gemma3n_plan(config: ModelConfig, quant: str) -> dict[str, GGMLType]:
+    """llama-quantize's choice for each Gemma 3n tensor. Q4_K_M: the tied token embedding and the
+    per-layer table (both "token_embd" to llama.cpp, and tied to the output) Q6_K; ``attn_v`` and
+    ``ffn_down`` Q6_K on the layers ``use_more_bits`` picks (every layer has an ``attn_v`` in the file);
+    the rest Q4_K; AltUp, LAuReL and the per-layer projection kept; norms and vectors F32."""
+    base, n = BASE_TYPES[quant], config.n_layers
+    plan: dict[str, GGMLType] = {}
+    for name, shape in file_weights(config).items():
+        kind = name.split(".")[-2]
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        if len(shape) < 2 or kind.endswith("norm") or kind in GEMMA3N_KEPT_F32 or quant == "f32":
+            plan[name] = GGMLType.F32
+            continue
+        if kind in GEMMA3N_KEPT:
+            plan[name] = GGMLType.F16
+            continue
+        t = base
+        embedding = kind in ("token_embd", "per_layer_token_embd")
+        if quant == "q4_k_m" and (embedding or (kind in ("attn_v", "ffn_down") and _use_more_bits(layer, n))):
+            t = GGMLType.Q6_K
+        if FORMATS[t].block_elems == QK_K and shape[-1] % QK_K:
+            t = _FALLBACK.get(t, GGMLType.Q8_0)
+        plan[name] = t
+    return plan
+
+
 def quant_plan(config: ModelConfig, quant: str) -> dict[str, GGMLType]:
-    """GGML type of every weight for a file type (``q4_k_m``, ``q8_0``, ``f16``, ...)."""
+    """GGML type of every tensor of the file for a file type (``q4_k_m``, ``q8_0``, ``f16``, ...)."""
     quant = quant.lower()
     if quant not in QUANTS:
         raise ValueError(f"unknown quantization {quant!r} (known: {', '.join(QUANTS)})")
+    if config.arch == "gemma3n":
+        return _gemma3n_plan(config, quant)
     plan: dict[str, GGMLType] = {}
     base = {
         "f32": GGMLType.F32,
@@ -90,6 +167,9 @@ def random_blocks(qtype: GGMLType, rows: int, cols: int, rng: np.random.Generato
     return raw.reshape(rows, nb * fmt.block_bytes)
 
 
+CHUNK_BYTES = 64 << 20  # tensors larger than this are generated and written in blocks of rows
+
+
 def _source(name: str, qtype: GGMLType, shape: tuple[int, ...], seed: int) -> TensorSource:
     def produce() -> np.ndarray:
         rng = np.random.default_rng(seed)
@@ -99,7 +179,18 @@ def _source(name: str, qtype: GGMLType, shape: tuple[int, ...], seed: int) -> Te
             return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
         return random_blocks(qtype, shape[0], shape[-1], rng)
 
-    return TensorSource(qtype, shape, produce)
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    row_bytes = FORMATS[qtype].nbytes(shape[-1])
+    if rows * row_bytes <= CHUNK_BYTES or qtype in (GGMLType.F32, GGMLType.F16):
+        return TensorSource(qtype, shape, produce)
+    step = max(32, CHUNK_BYTES // row_bytes // 32 * 32)
+
+    def chunks():
+        rng = np.random.default_rng(seed)
+        for r in range(0, rows, step):
+            yield random_blocks(qtype, min(step, rows - r), shape[-1], rng)
+
+    return TensorSource(qtype, shape, produce, chunks)
 
 
 VOCAB_ENV = "WORKBENCH_VOCAB"
@@ -167,7 +258,7 @@ def write_synthetic(
     """
     plan = quant_plan(config, quant)
     spec, vocab_label = synthetic_vocab(config.vocab_size, vocab)
-    shapes = weight_shapes(config)
+    shapes = file_weights(config)
     tensors = {n: (plan[n], _source(n, plan[n], shapes[n], seed * 100003 + i)) for i, n in enumerate(plan)}
     total = sum(FORMATS[t].nbytes(int(np.prod(shapes[n]))) for n, t in plan.items())
     bar = None

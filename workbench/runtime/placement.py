@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..instrument.devices import DeviceProfile, get_profile
+from ..models.architectures import build_graph
 from ..models.config import ModelConfig
-from ..models.gemma3 import build_graph
 from ..ops.graph import STEP_INPUTS, Graph, Op, WeightSpec
 from ..ops.kinds import distinct_keys, op_cost
 from .placement_rules import DEVICES, assign_rules, block_of, is_custom
