@@ -51,12 +51,18 @@ class VulkanBackend(Backend):
     """Runs step graphs on a Vulkan device (``device_id``: index or name; validation: Khronos layer)."""
 
     name = "vulkan"
-    tunable_names = (*TUNABLE_NAMES, *PLACEMENT_TUNABLES, "fused", "timestamps", "device", "tuned")
+    tunable_names = (
+        *TUNABLE_NAMES, *PLACEMENT_TUNABLES, "fused", "timestamps", "device", "tuned", "subgroup_size"
+    )  # fmt: skip
 
     def __init__(self, model: Model, threads: int | None = None, tune: str | None = None,
                  device_id: str | int | None = None, validation: bool | None = None):  # fmt: skip
         super().__init__(model, threads, tune)
-        self.dev = VulkanDevice(device_id if device_id is not None else self._tune.get("device"), validation)
+        self.dev = VulkanDevice(
+            device_id if device_id is not None else self._tune.get("device"),
+            validation,
+            self.tunable("subgroup_size", 0),  # 0: the driver's; else required of every pipeline
+        )
         self.programs: OrderedDict[tuple, Recorded] = OrderedDict()
         self._graphs: dict[tuple, Graph] = {}
         self._weights: dict[str, DeviceWeight] = {}
@@ -71,6 +77,15 @@ class VulkanBackend(Backend):
                 {k: v for k, v in self._tune.items() if k in TUNABLE_NAMES},
                 model.config.hidden,
             )
+            if self.dev.required_subgroup_size:  # a required size caps the subgroups of a workgroup
+                f = self.dev.features
+                cap = f.max_workgroup_subgroups * f.subgroup_size
+                big = [
+                    f"{k}={v}" for k, v in self.tuning.values.items() if k.endswith(".wg") and cap and v > cap
+                ]
+                if big:
+                    raise ValueError(f"vulkan backend: {', '.join(big)} exceed {cap} invocations at subgroup_size="
+                                     f"{f.subgroup_size} ({f.max_workgroup_subgroups} subgroups a workgroup)")  # fmt: skip
             # per-shape parameters from `workbench tune` on this device and driver (tuned=0: defaults only)
             self.tuned = (
                 TuningDB.load().for_device(self.dev.features)
@@ -110,6 +125,7 @@ class VulkanBackend(Backend):
                 "api": f.api_version,
                 "driver": f.driver(),
                 "subgroup_size": f.subgroup_size,
+                "subgroup_size_required": bool(self.dev.required_subgroup_size),
                 "fp16": f.fp16,
                 "cooperative_matrix": f.coopmat_f16,
                 "prefill_gemm": f"{self.gemm_kernel}: {self.gemm_note}",

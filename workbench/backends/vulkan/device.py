@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..base import BackendUnavailableError
@@ -56,7 +56,7 @@ class DeviceFeatures:
     driver_version: int
     subgroup_size: int
     subgroup_ops: tuple[str, ...]
-    subgroup_size_control: bool
+    subgroup_size_control: bool  # the feature on and compute among its stages: a pipeline may require a size
     min_subgroup_size: int
     max_subgroup_size: int
     fp16: bool
@@ -82,6 +82,7 @@ class DeviceFeatures:
     device_id: int = 0
     driver_name: str = ""  # VkPhysicalDeviceDriverProperties (Vulkan 1.2): e.g. "NVIDIA", "llvmpipe"
     driver_info: str = ""  # the driver's own version text, e.g. "580.159.04", "Mesa 24.0.5"
+    max_workgroup_subgroups: int = 0  # subgroups of a workgroup whose pipeline requires a subgroup size
 
     @property
     def is_cpu(self) -> bool:
@@ -181,9 +182,11 @@ def _features(vk, instance, pd, index: int) -> DeviceFeatures:
         driver_version=p.driverVersion,
         subgroup_size=sg.subgroupSize,
         subgroup_ops=ops,
-        subgroup_size_control=bool(f13.subgroupSizeControl),
+        subgroup_size_control=bool(f13.subgroupSizeControl)
+        and bool(sg_ctl.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT),
         min_subgroup_size=sg_ctl.minSubgroupSize or sg.subgroupSize,
         max_subgroup_size=sg_ctl.maxSubgroupSize or sg.subgroupSize,
+        max_workgroup_subgroups=sg_ctl.maxComputeWorkgroupSubgroups,
         fp16=bool(f12.shaderFloat16),
         int8=bool(f12.shaderInt8),
         int64=bool(feats.features.shaderInt64),
@@ -283,6 +286,20 @@ def select_device(devices: list[DeviceFeatures], selector: str | int | None) -> 
     return hits[0]
 
 
+def subgroup_size_error(f: DeviceFeatures, size: int) -> str | None:
+    """Why pipelines on device ``f`` cannot require subgroups of ``size`` (0: no requirement), or None."""
+    if size == 0:
+        return None
+    if not f.subgroup_size_control:
+        return f"subgroup_size={size}: {f.name} cannot set the subgroup size of compute shaders (it runs {f.subgroup_size})"
+    if size & (size - 1) or not f.min_subgroup_size <= size <= f.max_subgroup_size:
+        return (
+            f"subgroup_size={size} must be a power of two from {f.min_subgroup_size} to {f.max_subgroup_size} "
+            f"on {f.name} (or 0: the driver's choice)"
+        )
+    return None
+
+
 def _names(devices: list[DeviceFeatures]) -> str:
     return ", ".join(f"{d.index}: {d.name}" for d in devices)
 
@@ -294,7 +311,12 @@ class VulkanDevice:
     raises if any was an error.
     """
 
-    def __init__(self, selector: str | int | None = None, validation: bool | None = None):
+    def __init__(
+        self, selector: str | int | None = None, validation: bool | None = None, subgroup_size: int = 0
+    ):
+        """``subgroup_size``: the size every pipeline requires (VK_EXT_subgroup_size_control, core in Vulkan
+        1.3), e.g. 32 or 64 on RADV; 0 leaves it to the driver. The features then report that size, so every
+        tile and workgroup is computed for it."""
         vk = self.vk = load_vulkan()
         if validation is None:
             validation = os.environ.get("WORKBENCH_VK_VALIDATION", "") not in ("", "0")
@@ -307,6 +329,12 @@ class VulkanDevice:
         physical = vk.vkEnumeratePhysicalDevices(self.instance)
         feats = [_features(vk, self.instance, pd, i) for i, pd in enumerate(physical)]
         self.features = select_device(feats, selector)
+        problem = subgroup_size_error(self.features, subgroup_size)
+        if problem:
+            raise ValueError(problem)
+        self.required_subgroup_size = subgroup_size
+        if subgroup_size:
+            self.features = replace(self.features, subgroup_size=subgroup_size)
         self.physical = physical[self.features.index]
         queues = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         self.queue_family = _compute_queue(vk, queues)
@@ -355,8 +383,12 @@ class VulkanDevice:
         coop = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(cooperativeMatrix=vk.VK_TRUE) if exts else None
         # Vulkan 1.3 features only where enabled (a 1.2 device rejects the struct)
         f13 = (
-            vk.VkPhysicalDeviceVulkan13Features(pNext=coop, shaderIntegerDotProduct=vk.VK_TRUE)
-            if f.int_dot
+            vk.VkPhysicalDeviceVulkan13Features(
+                pNext=coop,
+                shaderIntegerDotProduct=vk.VK_TRUE if f.int_dot else vk.VK_FALSE,
+                subgroupSizeControl=vk.VK_TRUE if self.required_subgroup_size else vk.VK_FALSE,
+            )
+            if f.int_dot or self.required_subgroup_size
             else None
         )
         f12 = vk.VkPhysicalDeviceVulkan12Features(

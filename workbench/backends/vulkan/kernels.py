@@ -491,8 +491,14 @@ class Pipelines:
         spec_info = vk.VkSpecializationInfo(
             mapEntryCount=len(entries), pMapEntries=entries or None, dataSize=4 * len(entries), pData=data
         )
+        required = getattr(dev, "required_subgroup_size", 0)  # the `subgroup_size` tunable (device.py)
+        size_info = vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(requiredSubgroupSize=required)
         stage = vk.VkPipelineShaderStageCreateInfo(
-            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main", pSpecializationInfo=spec_info
+            pNext=size_info if required else None,
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            module=module,
+            pName="main",
+            pSpecializationInfo=spec_info,
         )
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
         pipe = vk.vkCreateComputePipelines(dev.device, None, 1, [info], None)[0]
