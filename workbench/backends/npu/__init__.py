@@ -4,7 +4,10 @@ the rest on the host.
 Covered kinds (:data:`NPU_KINDS`): ``matmul`` (GEMV for one row, GEMM for more; bf16 or int8 weights),
 ``rmsnorm`` (rows and per-head groups) and ``attention`` (over the KV cache). Each op's schedule comes from
 :mod:`workbench.backends.npu.designs` (shapes padded to the designs that are built) in both modes. Every
-other op runs on the numpy reference backend, and each op says where it ran: ``op.attrs["device"]`` /
+other op runs on the numpy reference backend, and so does an NPU kind whose shape no design covers (the
+planners raise :class:`~workbench.backends.npu.schedule.ScheduleError`, e.g. a row shorter than the
+kernel's lanes in a tiny model): ``device.details["host_fallbacks"]`` names each such op shape and why.
+Each op says where it ran: ``op.attrs["device"]`` /
 ``["timing"]`` in the graph this backend runs (the profiler's ``device`` and ``timing`` columns), and
 ``device.details``.
 
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ...models.model import Model
+from ...ops import reference as ref
 from ...ops.graph import Graph, Op
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, BackendUnavailableError, DeviceInfo, OpObserver, Step
@@ -37,7 +41,7 @@ from .arch import NPU_DEVICES, get_array
 from .cost import estimate
 from .emulator import kernels as emu
 from .emulator.numerics import F32, quantize_rows_i8, srs_shift, to_bf16
-from .schedule import Schedule, matmul_schedule
+from .schedule import Schedule, ScheduleError, matmul_schedule
 from .xrt_ops import TIMING as XRT_TIMING
 from .xrt_ops import XrtOps
 
@@ -91,6 +95,7 @@ class NpuBackend(Backend):
         self._graphs: dict[tuple, Graph] = {}
         self.emulated_s = 0.0
         self.npu_launches = 0
+        self.host_fallbacks: dict[str, str] = {}  # "kind shape" -> why no design covers it
         host_kinds = sorted(set(model.graph(1).kinds()) - set(NPU_KINDS))
         where = (
             f"NPU through XRT ({self.array.name} designs from {root})"
@@ -113,6 +118,7 @@ class NpuBackend(Backend):
             "npu_ops": list(NPU_KINDS),
             "host_ops": "every other kind, on the numpy reference backend (float32)",
             "npu_launches": self.npu_launches,
+            "host_fallbacks": dict(self.host_fallbacks),
             "xrt": self.detection.to_dict(),
         }
         if self.xrt_ops:
@@ -155,14 +161,38 @@ class NpuBackend(Backend):
                 "dtype": self.dtype_name,
             }
             host = {"device": "numpy:host", "timing": "measured (host)", "dtype": "fp32"}
-            ops = [
-                Op(o.name, o.kind, o.inputs, o.outputs, o.weights, {**o.attrs, **(npu if self.supports(o) else host)}, o.layer)
-                for o in graph.ops
-            ]  # fmt: skip
+            ops = []
+            for o in graph.ops:
+                why = self._no_design(o, graph) if self.supports(o) else None
+                where = npu if self.supports(o) and why is None else host
+                if why is not None:
+                    where = {**host, "npu_fallback": why}
+                ops.append(Op(o.name, o.kind, o.inputs, o.outputs, o.weights, {**o.attrs, **where}, o.layer))
             g = Graph(graph.config, graph.n_tokens, graph.n_logits, ops, graph.tensors, graph.weights, graph.outputs,
                       (*graph.rewrites, "npu-placement"))  # fmt: skip
             self._graphs[key] = g
         return g
+
+    def _no_design(self, op: Op, graph: Graph) -> str | None:
+        """Why no design covers this NPU op at the graph's shapes (None: one does). Attention is checked at
+        the step's own key count; longer histories are checked again when they come."""
+        try:
+            if op.kind == "matmul":
+                shape = graph.tensors[op.inputs[0]].shape
+                self._matmul_schedule(op, shape[0], shape[1])
+            elif op.kind == "rmsnorm":
+                self._rmsnorm_schedule(op, graph.tensors[op.inputs[0]].shape)
+            elif op.kind == "attention":
+                self._attention_schedule(op, graph.n_tokens, graph.n_tokens)
+        except ScheduleError as e:
+            return self._fallback(op, graph.tensors[op.inputs[0]].shape, e)
+        return None
+
+    def _fallback(self, op: Op, shape: tuple[int, ...], error: ScheduleError) -> str:
+        weight = f" ({op.weights[0].split('.')[-2]})" if op.weights else ""  # per weight kind, not per layer
+        key = f"{op.kind} {'x'.join(map(str, shape))}{weight}"
+        self.host_fallbacks.setdefault(key, f"no NPU design: {error}; ran on the host (numpy reference)")
+        return self.host_fallbacks[key]
 
     # -- weights in NPU formats ------------------------------------------------------------------------------
     def _matmul_weight(self, name: str):
@@ -206,7 +236,9 @@ class NpuBackend(Backend):
         """The schedules of every NPU op of ``graph`` run on ``step`` (attention's keys from each sequence's
         start position and the layer's window, as the KV cache will hand them over)."""
         out = []
-        for op in graph.ops:
+        for op in self.prepare_graph(graph).ops:
+            if "npu_fallback" in op.attrs:
+                continue
             if op.kind == "matmul":
                 shape = graph.tensors[op.inputs[0]].shape
                 out.append(self._matmul_schedule(op, shape[0], shape[1]))
@@ -217,7 +249,10 @@ class NpuBackend(Backend):
                 for s in step.seqs:
                     first, tokens = int(step.positions[s.start]), s.stop - s.start
                     held = min(first, window - 1) if window else first
-                    out.append(self._attention_schedule(op, tokens, held + tokens))
+                    try:
+                        out.append(self._attention_schedule(op, tokens, held + tokens))
+                    except ScheduleError:
+                        continue  # runs on the host (see _attention)
         return out
 
     def _build_command(self) -> str:
@@ -275,7 +310,13 @@ class NpuBackend(Backend):
         for s in step.seqs:
             sl = slice(s.start, s.stop)
             keys, vals, kpos = s.cache.layers[op.layer].append(pos[sl], k[sl], v[sl])
-            sched = self._attention_schedule(op, s.stop - s.start, len(kpos))
+            try:
+                sched = self._attention_schedule(op, s.stop - s.start, len(kpos))
+            except ScheduleError as e:
+                self._fallback(op, (s.stop - s.start, len(kpos)), e)
+                out[sl] = ref.attention(q[sl], keys, vals, pos[sl], kpos, a["n_heads"], a["n_kv_heads"],
+                                        a["head_dim"], a["scale"], a.get("window", 0))  # fmt: skip
+                continue
             if self.xrt_ops:
                 out[sl], took = self.xrt_ops.attention(sched, q[sl], keys, vals, pos[sl], kpos)
                 self.npu_launches += 1
@@ -287,6 +328,9 @@ class NpuBackend(Backend):
         return seconds
 
     def _kernel_for(self, op: Op):
+        if "npu_fallback" in op.attrs:
+            host = HOST_KERNELS[op.kind]
+            return lambda b, o, env, step: host(b.host, o, env, step)
         npu = {
             "matmul": NpuBackend._matmul,
             "rmsnorm": NpuBackend._rmsnorm,
