@@ -2,7 +2,7 @@
 // RMSNorm over groups of `width` values of each token row: y = x * inv_rms(x) * w (w already 1 + w).
 // Grid: (groups per row, T). Variants: ADD (y = r + norm(x) * w, the post-norm residual add),
 // ROPE (rotate-half RoPE of each group after the norm, inverse frequencies in smalls at freq_off),
-// NO_NORM (with ROPE: RoPE alone), KV_OUT (with ROPE: the rotated keys go straight into the layer's KV cache
+// NO_NORM (with ROPE: RoPE alone), NO_WEIGHT (no weight: Gemma 3n's V norm, rmsnorm_plain), KV_OUT (with ROPE: the rotated keys go straight into the layer's KV cache
 // at the token's slot, and the step's values of the same head are copied there too: no separate store;
 // KV_F16: a float16 cache).
 #extension GL_GOOGLE_include_directive : require
@@ -75,7 +75,11 @@ void main() {
     }
 #else
     for (uint i = tid; i < pc.width; i += WG) {
+#ifdef NO_WEIGHT
+        float v = act[xb + i] * inv;
+#else
         float v = act[xb + i] * inv * smalls[pc.w_off + i];
+#endif
 #ifdef ADD
         v += act[pc.r_off + t * pc.r_stride + g * pc.width + i];
 #endif

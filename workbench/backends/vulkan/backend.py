@@ -9,6 +9,7 @@ measured: docs/backend-vulkan.md.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import OrderedDict
@@ -21,7 +22,16 @@ from ...models.model import Model
 from ...ops.fusion import fuse
 from ...ops.graph import Graph, Op
 from ...ops.reference import rope_inv_freq
-from ..base import Backend, BackendUnavailableError, DeviceInfo, OpObserver, Step, parse_tune
+from ..base import (
+    Backend,
+    BackendUnavailableError,
+    DeviceInfo,
+    OpObserver,
+    Step,
+    UnsupportedOpError,
+    parse_tune,
+)
+from . import gemma3n
 from .device import VulkanDevice, list_devices, select_device
 from .kernels import TUNABLE_NAMES, Pipelines, Tuning
 from .kv_cache import KVPool, VulkanKVCache
@@ -34,6 +44,27 @@ from .tuned import AppliedTuning, TuningDB
 from .weights import DeviceWeight, device_bytes, upload_weight
 
 MAX_PROGRAMS = 32  # recorded step programs kept (shapes x batch compositions)
+# every op kind the program builder emits (program.Builder.emit; fused kinds run as their parts otherwise)
+KINDS = (
+    "embed",
+    "rmsnorm",
+    "matmul",
+    "rope",
+    "attention",
+    "gelu_mul",
+    "add",
+    "softcap",
+    "gather_rows",
+    "rmsnorm_matmul",
+    "rmsnorm_matmul_gelu",
+    "rmsnorm_rope",
+    "matmul_rmsnorm_add",
+    *gemma3n.KINDS,
+)
+# Gemma 3n's per-layer embedding table: gathered by row, never streamed
+PLE_TABLE = "per_layer_token_embd.weight"
+# Gemma 3n's small matrices read whole by their kernels (gemma3n.comp): float32 in the small-tensor buffer
+SMALL_MATRICES = (".altup_router.weight", ".altup_predict_coef.weight", ".altup_correct_coef.weight")
 
 
 def _profile_key(name: str) -> str:
@@ -58,6 +89,9 @@ class VulkanBackend(Backend):
     def __init__(self, model: Model, threads: int | None = None, tune: str | None = None,
                  device_id: str | int | None = None, validation: bool | None = None):  # fmt: skip
         super().__init__(model, threads, tune)
+        missing = sorted({op.kind for op in model.graph(1).ops} - set(KINDS))
+        if missing:  # refused before any device work, so that `auto` passes over this backend
+            raise UnsupportedOpError(f"vulkan backend: no kernel for op kinds {', '.join(missing)}")
         self.dev = VulkanDevice(
             device_id if device_id is not None else self._tune.get("device"),
             validation,
@@ -176,14 +210,24 @@ class VulkanBackend(Backend):
     # -- model data ------------------------------------------------------------------------------
     def _upload_model(self) -> None:
         m, limit = self.model, self.dev.features.max_storage_buffer_range
-        mats = [n for n, t in m.weights.items() if len(t.shape) == 2]
-        vecs = [n for n, t in m.weights.items() if len(t.shape) == 1]
+        small = {n for n, t in m.weights.items() if len(t.shape) == 2 and self._is_small_matrix(n, t.shape)}
+        # 3-D weights (Gemma 3n's stacked AltUp projections, (3, H, H)) go up as (3H, H) matrices
+        mats = [n for n, t in m.weights.items() if len(t.shape) in (2, 3) and n not in small]
+        vecs = [n for n, t in m.weights.items() if len(t.shape) == 1 or n in small]
+        self._small_mats = {n: tuple(m.weights[n].shape) for n in small}
         total = sum(m.weights[n].nbytes for n in mats)
         # device-local or host-visible memory for each weight, decided before the first upload (placement.py)
         mode = self.tunable("weights.heap", "auto")
         budget = check_tunables(mode, self._tune.get("weights.device_budget_mb"))
         sizes = {n: device_bytes(m.weights[n], limit) for n in mats}
-        self.weights_plan = plan_weights(self.dev, sizes, mode, budget)
+        # the per-layer embedding table is read one row per token: host-visible memory costs a decode step
+        # ~L*P*2 bytes over the bus and leaves the device-local heap to the streamed weights (ple.host)
+        ple = PLE_TABLE in sizes and mode != "device" and self.tuning["ple.host"]
+        self.weights_plan = plan_weights(
+            self.dev, {n: b for n, b in sizes.items() if not (ple and n == PLE_TABLE)}, mode, budget
+        )
+        if ple:
+            self.weights_plan.roles[PLE_TABLE] = "host"
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="vulkan: uploading weights", file=sys.stderr,
                    disable=total < 64 << 20, leave=False)  # fmt: skip
         for n in mats:
@@ -213,8 +257,43 @@ class VulkanBackend(Backend):
         self.smalls = Buffer(self.dev, data.nbytes, name="norm weights and rope tables", spill=True)
         self.transfers.upload(self.smalls, data)
 
+    def _is_small_matrix(self, name: str, shape: tuple[int, ...]) -> bool:
+        """Gemma 3n's router and coefficient matrices, and its matrices too narrow for the matvec and GEMM
+        (a number of columns not a multiple of 32: the tiny test checkpoints' LAuReL and PLE projections)."""
+        if not self.model.config.altup_inputs or name in (PLE_TABLE, "token_embd.weight"):  # tables: gathered
+            return False
+        return name.endswith(SMALL_MATRICES) or (shape[-1] % 32 != 0 and shape[0] * shape[1] <= 1 << 16)
+
+    def small_matrix(self, name: str) -> tuple[int, int] | None:
+        """(rows, cols) of a matrix kept as float32 in the small-tensor buffer, else None."""
+        return self._small_mats.get(name)
+
     def weight(self, name: str) -> DeviceWeight:
         return self._weights[name]
+
+    def weight_slice(self, name: str, index: int) -> str:
+        """The name of matrix ``index`` of a 3-D weight (uploaded on first use as a weight of its own):
+        ``altup_unembed`` applies each stacked projection to a different stream."""
+        key = f"{name}[{index}]"
+        if key not in self._weights:
+            t = self.model.weights[name]
+            if len(t.shape) != 3 or not hasattr(t, "raw"):
+                raise UnsupportedOpError(
+                    f"vulkan backend: {name!r} is not a stacked (3-D) block-format weight"
+                )
+            n = t.shape[1]
+            raw = t.raw
+            part = dataclasses.replace(
+                t,
+                name=key,
+                shape=tuple(t.shape[1:]),
+                loader=lambda: raw[index * n : (index + 1) * n],
+                _raw=None,
+            )
+            role = self._weights[name].role
+            limit = self.dev.features.max_storage_buffer_range
+            self._weights[key] = upload_weight(part, self.transfers, limit, role)
+        return key
 
     def small_offset(self, name: str) -> int:
         return self._small_off[name]

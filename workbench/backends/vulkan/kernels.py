@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device import DeviceFeatures, VulkanDevice
+from .gemma3n import OPS as GEMMA3N_OPS
 from .shaders import compile_shader
 
 FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_K", "Q6_K")
@@ -151,6 +152,22 @@ KERNELS: dict[str, KernelSpec] = {
         ("k_off", "k_stride", "v_off_act", "v_stride", "kv_dim", "ring", "window", "v_off", "t0"),
         (("wg", 0),),
     ),
+    # Gemma 3n's kinds (gemma3n.py): one define per kind
+    "gemma3n": KernelSpec(
+        "gemma3n",
+        (
+            *(f"{t}_{s}" for t in "abcdyz" for s in ("off", "stride")),
+            "width",
+            "n",
+            "w_off",
+            "w2_off",
+            "w3_off",
+            "w4_off",
+            "eps:f",
+            "scale:f",
+        ),
+        (("wg", 0),),
+    ),
     "argmax": KernelSpec("argmax", ("x_off", "n", "block", "part_off", "n_parts"), (("wg", 0),)),
     "quant_act": KernelSpec(
         "quant_act",
@@ -185,6 +202,15 @@ PROGRAM_TUNABLES = {
     # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default: its 16-bit loads are
     # scalar, and it measured slower (docs/backend-vulkan.md#at-the-familys-sizes-and-the-integer-matvec)
     "kv.fp16": 0,
+    # Gemma 3n (docs/backend-vulkan.md#gemma-3n): workgroups per token of altup_predict/altup_correct (each
+    # recomputes the 4-value router, then takes a slice of the columns)
+    "altup.split": 4,
+    # sparse layers: the up projection computes only the rows the Gaussian top-k kept and the down
+    # projection skips the zero chunks of its input (0: the dense twin, every row and column)
+    "ffn.sparse_skip": 1,
+    # the per-layer-embedding table (E2B: 262,144 x 7,680) in host-visible memory, read one row per token,
+    # leaving the device-local heap to the weights that are streamed (0: placed like any other weight)
+    "ple.host": 1,
 }
 SWITCHES = (
     "matmul.coop",
@@ -196,6 +222,8 @@ SWITCHES = (
     "matvec.q8",
     "matvec.quant_out",
     "kv.fp16",
+    "ffn.sparse_skip",
+    "ple.host",
 )
 ROW_THREAD_KEYS = (
     "matvec.row_threads",
@@ -251,6 +279,7 @@ class Tuning:
             "embed.wg": 64,
             "kv_store.wg": 128,
             "argmax.wg": 256,
+            "gemma3n.wg": max(128, sg),
             "quant_act.wg": 32,  # one block of 32 values a thread: several small workgroups
             **PROGRAM_TUNABLES,
         }
@@ -427,6 +456,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",))]
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]
+    out += [("rmsnorm", ("NO_WEIGHT",))] + [("gemma3n", (f"OP_{op}",)) for op in GEMMA3N_OPS]
     out += [("quant_act", d) for d in ((), ("NORM",), ("NORM", "MS_IN"))]
     return out
 

@@ -4,7 +4,8 @@
 Global layers hold every position (slot = position); sliding layers a ring of ``window + MAX_RING_STEP +
 slack`` slots (slot = position % ring), enough for a step of up to ``MAX_RING_STEP`` tokens and a rollback of
 ``slack`` tokens. Device buffers are taken from a pool keyed by shape and returned when the cache object is
-collected, so programs recorded for a pooled buffer set stay valid across sequences.
+collected, so programs recorded for a pooled buffer set stay valid across sequences. Only layers that own
+their keys and values get buffers: a Gemma 3n layer that shares KV has its owner's entry (``kv_layer``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ class DeviceKV:
 
     @property
     def nbytes(self) -> int:
-        return sum(la.buffer.size for la in self.layers)
+        return sum(la.buffer.size for la in self.owned())
+
+    def owned(self) -> list[LayerSlots]:
+        """Each layer's buffers once (sharing layers' entries are their owners')."""
+        return list({id(la): la for la in self.layers}.values())
 
 
 class VulkanKVCache:
@@ -103,6 +108,9 @@ class KVPool:
         c = self.config
         layers = []
         for i in range(c.n_layers):
+            if c.kv_layer(i) != i:  # shares an earlier layer's cache
+                layers.append(layers[c.kv_layer(i)])
+                continue
             ring = min(max_len, c.sliding_window + MAX_RING_STEP + slack) if c.is_sliding(i) else max_len
             size = 2 * ring * c.kv_dim * (2 if self.fp16 else 4)
             buf = Buffer(self.dev, size, name=f"kv cache layer {i}", spill=True)  # host-visible if no room
@@ -116,7 +124,7 @@ class KVPool:
 
     def destroy(self) -> None:
         for kv in self._all:
-            for la in kv.layers:
+            for la in kv.owned():
                 la.buffer.destroy()
         self._all.clear()
         self._free.clear()

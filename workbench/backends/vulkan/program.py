@@ -17,6 +17,7 @@ import numpy as np
 
 from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
+from . import gemma3n
 from .kernels import KERNELS, KV_SEQS, Q8_FORMATS, batch_row_threads, coop_tile
 from .memory import Buffer
 from .tuned import gemm_key, matvec_key
@@ -115,6 +116,10 @@ class Builder:
             self.widths[name] = int(cols)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def ref(self, tensor: str, extra: int = 0) -> Ref:
+        """The arena offset of ``tensor`` (+ ``extra`` floats), resolved when the arena is laid out."""
+        return Ref(tensor, extra)
+
     def tmp(self, name: str, rows: int, cols: int) -> str:
         self.sizes[name] = rows * cols
         self.widths[name] = cols
@@ -295,13 +300,17 @@ class Builder:
             self.add(op, b.gemm_kernel, push, groups, [x], [y], list(w.defines), spec, weight=part.buffer)
 
     def matmul(self, op: Op, x: str, y: str, wname: str) -> None:
-        if self.rows(x) <= self.backend.tuning["matvec.max_tokens"]:
+        if self.backend.small_matrix(wname):
+            gemma3n.small_matmul(self, op, x, y, wname)
+        elif self.rows(x) <= self.backend.tuning["matvec.max_tokens"]:
             self.projection(op, x, y, wname)
         else:
             self.gemm(op, x, y, wname)
 
     def rmsnorm(self, op: Op, x: str, y: str, wname: str | None, eps: float, group: int | None = None,
-                residual: str | None = None, rope: Op | None = None) -> None:  # fmt: skip
+                residual: str | None = None, rope: Op | None = None, weightless: bool = False) -> None:  # fmt: skip
+        """RMSNorm of ``x`` into ``y`` (``weightless``: no weight, ``rmsnorm_plain``), optionally with a residual
+        add or RoPE."""
         b = self.backend
         width = group or self.widths[x]
         per_row = self.widths[x] // width
@@ -312,6 +321,8 @@ class Builder:
             defines.append("ROPE")
             if wname is None:
                 defines.append("NO_NORM")
+        elif weightless:
+            defines.append("NO_WEIGHT")
         push = dict(x_off=Ref(x), x_stride=self.widths[x], y_off=Ref(y), y_stride=self.widths[y],
                     r_off=Ref(residual) if residual else 0, r_stride=self.widths[x], width=width,
                     w_off=b.small_offset(wname) if wname else 0,
@@ -361,9 +372,13 @@ class Builder:
 
     def attention_group(self, op: Op, grp: SeqGroup, tag: str, stage: str) -> None:
         b, a = self.backend, op.attrs
-        q, k, v = op.inputs[:3]
+        q = op.inputs[0]
         out = op.outputs[0]
-        layers = [kv.layers[op.layer] for kv, _, _ in grp.seqs]
+        # a shared_kv_attention op reads the cache of layer kv_layer (extended earlier in the step), writes none
+        li = int(a.get("kv_layer", op.layer))
+        if stage == "store" and op.kind == "shared_kv_attention":
+            return
+        layers = [kv.layers[li] for kv, _, _ in grp.seqs]
         layer = layers[0]  # every cache of a group has the same shape
         caches = tuple(la.buffer for la in layers)
         t0, t = grp.t0, grp.rows
@@ -374,10 +389,11 @@ class Builder:
                 f"op {op.name}: a step of {longest} tokens does not fit the sliding ring of {layer.slots} slots; "
                 f"use steps of at most {layer.slots - window + 1} tokens"
             )
-        kvres = tuple(f"kv:{op.layer}:{kv.id}" for kv, _, _ in grp.seqs)
+        kvres = tuple(f"kv:{li}:{kv.id}" for kv, _, _ in grp.seqs)
         kvd = layer.kv_dim
         multi = int(len(caches) > 1)  # MULTI_SEQ: with one cache the shaders skip the p_seq read
         if stage == "store":
+            k, v = op.inputs[1:3]
             if tag or not self._store_in_rope(op, k, v, kvres, caches, layer, window):
                 self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
                      v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
@@ -424,8 +440,12 @@ class Builder:
         readers = [o for o in self.graph.ops if k in o.inputs]
         if any(o is not op and op not in o.attrs.get("parts", ()) for o in readers):
             return False
-        rope = next((d for d in reversed(self.dispatches) if k in d.writes), None)
+        at = next((i for i in reversed(range(len(self.dispatches))) if k in self.dispatches[i].writes), None)
+        rope = self.dispatches[at] if at is not None else None
         if rope is None or rope.kernel != "rmsnorm" or "ROPE" not in rope.defines or rope.kv:
+            return False
+        # values made after the keys (Gemma 3n's V norm) are not there yet when the RoPE dispatch runs
+        if any(v in d.writes for d in self.dispatches[at + 1 :]):
             return False
         if self.widths[v] != self.widths[k] or rope.push["width"] != op.attrs["head_dim"]:
             return False
@@ -496,6 +516,8 @@ class Builder:
             else:
                 self.matmul(op, mm.inputs[0], tmp, mm.weights[0])
                 self.rmsnorm(op, tmp, op.outputs[0], norm.weights[0], norm.attrs["eps"], residual=residual)
+        elif k in gemma3n.KINDS:
+            gemma3n.emit(self, op)
         elif "parts" in op.attrs:
             first = len(self.dispatches)
             for part in op.attrs["parts"]:

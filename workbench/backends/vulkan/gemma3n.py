@@ -1,0 +1,153 @@
+"""Dispatches of Gemma 3n's op kinds (docs/gemma3n.md) on the Vulkan backend: shaders/gemma3n.comp, one define
+per kind, plus the backend's matvec/GEMM for the AltUp projections and the sparse layers' skipping FFN.
+
+Each new kind is one dispatch per step (the AltUp projections, applied once per step, add their matvecs).
+On a sparse layer (``gaussian_topk`` on the gate) with ``ffn.sparse_skip`` on, the up projection computes
+only the rows whose top-k gate is non-zero, fused with ``gelu(gate) * up`` (matvec.comp ``SPARSE_UP``), and
+the down projection skips the 8-column chunks of its input that are all zero (``SKIP_ZERO``): see
+:func:`sparse_ffn`. How this was designed and what to measure: docs/backend-vulkan.md#gemma-3n.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...ops.graph import Op
+from ..base import UnsupportedOpError
+
+if TYPE_CHECKING:
+    from .program import Builder
+
+KINDS = (
+    "rmsnorm_plain",
+    "shared_kv_attention",
+    "altup_expand",
+    "altup_unembed",
+    "altup_predict",
+    "altup_correct",
+    "laurel_residual",
+    "gaussian_topk",
+    "ple_project",
+    "ple_gate",
+    "ple_inject",
+)
+# the kernel names of one dispatch each, by define (all_variants() lists them)
+OPS = (
+    "ALTUP_EXPAND",
+    "ALTUP_UNEMBED",
+    "ALTUP_SPLIT",
+    "ALTUP_PREDICT",
+    "ALTUP_CORRECT",
+    "LAUREL",
+    "TOPK",
+    "PLE_PROJECT",
+    "PLE_INJECT",
+    "MATMUL_SMALL",
+)
+PUSH = ("a", "b", "c", "d", "y", "z")  # tensors of the push block: <name>_off, <name>_stride
+
+
+def dispatch(b: Builder, op: Op, name: str, groups: tuple[int, int, int], reads: list[str], writes: list[str],
+             **push: Any) -> None:  # fmt: skip
+    """One gemma3n.comp dispatch; unset push fields are zero."""
+    full: dict[str, Any] = {f"{t}_{s}": 0 for t in PUSH for s in ("off", "stride")}
+    full.update(width=0, n=0, w_off=0, w2_off=0, w3_off=0, w4_off=0, eps=0.0, scale=0.0)
+    full.update(push)
+    b.add(op, "gemma3n", full, groups, reads, writes, [f"OP_{name}"])
+
+
+def _wg(b: Builder) -> int:
+    return b.backend.tuning["gemma3n.wg"]
+
+
+def emit(b: Builder, op: Op) -> None:
+    """The dispatches of a Gemma 3n kind (``KINDS``)."""
+    k, a = op.kind, op.attrs
+    small = b.backend.small_offset
+    wg = _wg(b)
+    if k == "rmsnorm_plain":
+        b.rmsnorm(op, op.inputs[0], op.outputs[0], None, a["eps"], op.attr("group"), weightless=True)
+    elif k == "shared_kv_attention":
+        b.attention(op)
+    elif k == "altup_expand":
+        e, y = op.inputs[0], op.outputs[0]
+        t, h = b.rows(e), b.widths[e]
+        proj = b.tmp(f"{op.name}:proj", t, 3 * h)
+        b.matmul(op, e, proj, op.weights[0])
+        dispatch(b, op, "ALTUP_EXPAND", (4, t, 1), [e, proj], [y], a_off=b.ref(e), a_stride=h, b_off=b.ref(proj),
+                 b_stride=3 * h, c_off=b.ref(proj, h), c_stride=3 * h, d_off=b.ref(proj, 2 * h), d_stride=3 * h,
+                 y_off=b.ref(y), y_stride=b.widths[y], width=h)  # fmt: skip
+    elif k == "altup_unembed":
+        x, y = op.inputs[0], op.outputs[0]
+        r, h = b.rows(x), b.widths[y]
+        ins = [b.tmp(f"{op.name}:in{i}", r, h) for i in (1, 2, 3)]
+        outs = [b.tmp(f"{op.name}:proj{i}", r, h) for i in (1, 2, 3)]
+        views = {f"{n}_off": b.ref(t) for n, t in zip("bcd", ins)} | {f"{n}_stride": h for n in "bcd"}
+        dispatch(b, op, "ALTUP_SPLIT", (-(-h // wg), r, 3), [x], ins, a_off=b.ref(x), a_stride=b.widths[x],
+                 width=h, **views)  # fmt: skip
+        for i in range(3):
+            b.matmul(op, ins[i], outs[i], b.backend.weight_slice(op.weights[0], i))
+        views = {f"{n}_off": b.ref(t) for n, t in zip("bcd", outs)} | {f"{n}_stride": h for n in "bcd"}
+        dispatch(b, op, "ALTUP_UNEMBED", (1, r, 1), [x, *outs], [y], a_off=b.ref(x), a_stride=b.widths[x],
+                 y_off=b.ref(y), y_stride=h, width=h, **views)  # fmt: skip
+    elif k in ("altup_predict", "altup_correct"):
+        h = b.widths[op.outputs[1]]
+        t = b.rows(op.outputs[1])
+        split = max(1, min(b.backend.tuning["altup.split"], -(-h // wg)))
+        w = op.weights
+        common = dict(width=h, eps=a["eps"], w_off=small(w[0]), w2_off=small(w[1]), w3_off=small(w[2]))
+        s, out = op.outputs
+        if k == "altup_predict":
+            x = op.inputs[0]
+            dispatch(b, op, "ALTUP_PREDICT", (split, t, 1), [x], [s, out], a_off=b.ref(x), a_stride=b.widths[x],
+                     y_off=b.ref(s), y_stride=b.widths[s], z_off=b.ref(out), z_stride=h, **common)  # fmt: skip
+        else:
+            p, z = op.inputs
+            dispatch(b, op, "ALTUP_CORRECT", (split, t, 1), [p, z], [s, out], a_off=b.ref(p), a_stride=b.widths[p],
+                     b_off=b.ref(z), b_stride=b.widths[z], y_off=b.ref(s), y_stride=b.widths[s], z_off=b.ref(out),
+                     z_stride=h, w4_off=small(w[3]), **common)  # fmt: skip
+    elif k == "laurel_residual":
+        y = op.outputs[0]
+        h, t = b.widths[y], b.rows(y)
+        views = {f"{n}_off": b.ref(x) for n, x in zip("abcd", op.inputs)}
+        views |= {f"{n}_stride": b.widths[x] for n, x in zip("abcd", op.inputs)}
+        dispatch(b, op, "LAUREL", (-(-h // wg), t, 1), list(op.inputs), [y], y_off=b.ref(y), y_stride=h, width=h,
+                 **views)  # fmt: skip
+    elif k == "gaussian_topk":
+        g, y = op.inputs[0], op.outputs[0]
+        dispatch(b, op, "TOPK", (1, b.rows(g), 1), [g], [y], a_off=b.ref(g), a_stride=b.widths[g], y_off=b.ref(y),
+                 y_stride=b.widths[y], width=b.widths[g], scale=a["std_multiplier"])  # fmt: skip
+    elif k == "ple_project":
+        proj, rows = op.inputs
+        y = op.outputs[0]
+        p = a["group"]
+        dispatch(b, op, "PLE_PROJECT", (b.widths[y] // p, b.rows(y), 1), [proj, rows], [y], a_off=b.ref(proj),
+                 a_stride=b.widths[proj], b_off=b.ref(rows), b_stride=b.widths[rows], y_off=b.ref(y),
+                 y_stride=b.widths[y], width=p, w_off=small(op.weights[0]), eps=a["eps"], scale=a["scale"])  # fmt: skip
+    elif k == "ple_gate":
+        g, pli = op.inputs
+        y = op.outputs[0]
+        p = b.widths[g]
+        push = dict(a_off=b.ref(g), a_stride=p, b_off=b.ref(pli, op.layer * p), b_stride=b.widths[pli], y_off=b.ref(y),
+                    y_stride=b.widths[y], width=p, rows=b.rows(y), cap=0.0)  # fmt: skip
+        groups = (-(-p // b.backend.tuning["eltwise.wg"]), b.rows(y), 1)
+        b.add(op, "eltwise", push, groups, [g, pli], [y], ["OP_GELU_MUL"])
+    elif k == "ple_inject":
+        x, r = op.inputs
+        y = op.outputs[0]
+        h = b.widths[r]
+        dispatch(b, op, "PLE_INJECT", (-(-4 * h // wg), b.rows(y), 1), [x, r], [y], a_off=b.ref(x),
+                 a_stride=b.widths[x], b_off=b.ref(r), b_stride=h, y_off=b.ref(y), y_stride=b.widths[y], width=h)  # fmt: skip
+    else:
+        raise UnsupportedOpError(f"vulkan backend: op {op.name!r} has unsupported kind {op.kind!r}")
+
+
+def small_matmul(b: Builder, op: Op, x: str, y: str, wname: str) -> None:
+    """y = x @ W.T for a weight kept as float32 in the small-tensor buffer (too narrow for the matvec/GEMM:
+    fewer than 32 or a non-multiple of 32 columns, as in the tiny test checkpoints)."""
+    rows, cols = b.backend.small_matrix(wname)
+    if b.widths[x] != cols:
+        raise UnsupportedOpError(f"op {op.name}: weight {wname} has {cols} columns, input has {b.widths[x]}")
+    dispatch(b, op, "MATMUL_SMALL", (-(-rows // _wg(b)), b.rows(x), 1), [x], [y], a_off=b.ref(x),
+             a_stride=b.widths[x], y_off=b.ref(y), y_stride=b.widths[y], width=cols, n=rows,
+             w_off=b.backend.small_offset(wname))  # fmt: skip
