@@ -26,7 +26,7 @@ from ..._numba import numba, stream_sum
 from ...hostinfo import host_cores, host_cpu_name
 from ...models.model import Model
 from ...ops import reference as ref
-from ...ops.fusion import fuse
+from ...ops.fusion import RULES, fuse
 from ...ops.graph import Graph, Op
 from ...quant.formats import GGMLType
 from ...quant.planar import PlanarTensor
@@ -42,6 +42,7 @@ from ...quant.repack import (
 )
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+from . import gemma3n as g3
 from . import interleaved as il
 from . import kernels as k
 from . import matvec as mv
@@ -117,6 +118,7 @@ class CpuBackend(Backend):
         "q6_k_as_i8",
         "interleave_rows",
         "decode_shards",
+        "sparse_skip",
     )
 
     def __init__(
@@ -135,6 +137,7 @@ class CpuBackend(Backend):
         q6_k_as_i8: bool = True,
         interleave_rows: bool | None = None,
         decode_shards: int | None = None,
+        sparse_skip: bool = True,
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
@@ -203,6 +206,12 @@ class CpuBackend(Backend):
         self.decode_shards = self.tunable("decode_shards", decode_shards)
         if self.decode_shards < 1:
             raise ValueError(f"decode_shards must be >= 1, got {self.decode_shards}")
+        # Gemma 3n's sparse layers (gemma3n.py): steps of up to gemv_max_rows rows compute only the up rows
+        # and down columns of the FFN units the Gaussian top-k kept (the fusion rmsnorm_topk_ffn, with
+        # fused on); 0: the dense twin, every unit computed (figures: docs/backend-cpu.md#gemma-3n)
+        self.sparse_skip = self.tunable("sparse_skip", sparse_skip)
+        self.topk_units = np.zeros(2, np.int64)  # units the skipping path computed, units it ranked
+        self.topk_down: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ffn_down transposed (gemma3n.py)
         if self.batch_min_rows < 1 or self.batch_rows < 0:
             raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")
         self.small_rows = max(gemv_max_rows, self.batch_rows)  # steps up to this many rows avoid BLAS
@@ -226,6 +235,7 @@ class CpuBackend(Backend):
             warnings.warn(pin, stacklevel=2)
         self.weights: dict[str, CpuWeight] = {}
         self.norms: dict[str, np.ndarray] = {}
+        self.small: dict[str, np.ndarray] = {}  # Gemma 3n's routers, coefficients and scales, float32
         with CompileProgress():  # repacking and the warm-up compile every kernel the model needs
             self._prepare()
             widest = max((w.cols for w in self.weights.values() if w.fmt in mv.QUANT_FMTS), default=32)
@@ -238,17 +248,35 @@ class CpuBackend(Backend):
     def _prepare(self) -> None:
         graph = self.model.graph(1)
         by_rows = {name for op in graph.ops if op.kind in sp.HANDLERS for name in op.weights}
+        topk = [op for op in self.prepare_graph(graph).ops if op.kind == g3.TOPK_FFN]
+        by_rows |= {op.attrs["parts"][3].weights[0] for op in topk}  # up rows read one by one
+        embed_only = {n for op in graph.ops if op.kind == "embed" for n in op.weights}
+        embed_only -= {n for op in graph.ops if op.kind != "embed" for n in op.weights}
         for op in graph.ops:
             for name in op.weights:
                 qt = self.model.weights[name]
                 if op.kind == "rmsnorm":
                     self.norms[name] = qt.dequantize().astype(np.float32).reshape(-1)
+                elif op.kind in g3.SMALL_WEIGHT_KINDS:
+                    self.small[name] = np.ascontiguousarray(qt.dequantize(), np.float32)
+                elif op.kind in g3.STACKED_KINDS:  # (n-1, hidden, hidden): a weight per slice
+                    for i, sub in enumerate(g3.slice_names(name, qt.shape[0])):
+                        self.weights[sub] = self._native(sub, qt=g3.slice_tensor(qt, i))
+                elif name in embed_only and qt.type not in mv.QUANT_TYPES:
+                    self.weights[name] = g3.RowTable(name, qt)  # type: ignore[assignment]
                 elif name not in self.weights:
-                    self.weights[name] = self._native(name, interleave=name not in by_rows)
+                    # a table only gathered from (Gemma 3n's per-layer embeddings) keeps its stored blocks
+                    self.weights[name] = self._native(name, interleave=name not in by_rows,
+                                                      stored=name in embed_only)  # fmt: skip
+        for op in topk:
+            g3.down_store(self, op.attrs["parts"][5].weights[0])
 
-    def _native(self, name: str, interleave: bool = True) -> CpuWeight:
-        """The weight ``name`` in the layout the kernels read (``interleave``: may it interleave rows)."""
-        qt = self.model.weights[name]
+    def _native(self, name: str, interleave: bool = True, qt=None, stored: bool = False) -> CpuWeight:
+        """The weight ``name`` (or the tensor ``qt`` under that name) in the layout the kernels read
+        (``interleave``: may it interleave rows; ``stored``: keep the stored blocks, no repacking)."""
+        qt = self.model.weights[name] if qt is None else qt
+        if stored and qt.type in mv.QUANT_TYPES:
+            return CpuWeight(name, qt.type, int(qt.type), qt.raw, mv.units(qt.type, qt.cols))
         if isinstance(qt, PlanarTensor):  # re-quantized (workbench.quant.planar): native planar kernels
             return qf.cpu_weight(qt)
         if self.interleave_rows and interleave and qt.type in _TO_R16 and qt.rows % ROW_GROUP == 0:
@@ -306,6 +334,8 @@ class CpuBackend(Backend):
                 "q6_k_as_i8": self.q6_k_as_i8,
                 "interleave_rows": self.interleave_rows,
                 "decode_shards": self._shards_label(),
+                "decode_program": self._program_label(),
+                "sparse_skip": self.sparse_skip,
                 "decode_kernels": _decode_kernels(self.vnni, self.interleave_rows),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,
@@ -339,7 +369,8 @@ class CpuBackend(Backend):
             return graph
         g = self._graphs.get(id(graph))
         if g is None:
-            g = self._graphs[id(graph)] = fuse(graph)
+            topk = any(op.kind == "gaussian_topk" for op in graph.ops) and self.sparse_skip
+            g = self._graphs[id(graph)] = fuse(graph, (g3.TOPK_FFN, *RULES)) if topk else fuse(graph)
         return g
 
     def supports(self, op: Op) -> bool:
@@ -384,6 +415,18 @@ class CpuBackend(Backend):
 
     def _execute(self, prog: pg.Program, step: Step, observer: OpObserver | None, argmax: bool = False):
         return (sh.execute if prog.shards is not None else pg.execute)(self, prog, step, observer, argmax)
+
+    def _program_label(self) -> str:
+        """Whether one-token steps run as the compiled program, or op by op and why (kinds or weight
+        formats the program has no lowering for, e.g. Gemma 3n's)."""
+        if not self.fused:
+            return "off (fused=0): op by op"
+        kinds = sorted({op.kind for op in self.prepare_graph(self.model.graph(1)).ops} - pg.LOWERED)
+        if kinds:
+            return "op by op: the one-token program does not cover " + ", ".join(kinds)
+        if any(w.fmt not in mv.QUANT_FMTS for w in self.weights.values()):
+            return "op by op: float weights (the one-token program reads quantized blocks only)"
+        return "compiled program"
 
     def _shards_label(self) -> str:
         """How single-token decode steps run: in shards (how many, on which threads) or as one program."""
@@ -541,7 +584,7 @@ def _cache_misses() -> int:
 
 _DISPATCHERS = [
     getattr(m, n)
-    for m in (k, mv, qf, sp, rk, r16, il, sh)
+    for m in (k, mv, qf, sp, rk, r16, il, sh, g3)
     for n in dir(m)
     if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
 ]
@@ -698,4 +741,5 @@ HANDLERS: dict[str, Handler] = {
     "rmsnorm_rope": _rmsnorm_rope,
     "matmul_rmsnorm_add": _matmul_rmsnorm_add,
     **sp.HANDLERS,
+    **g3.HANDLERS,
 }
