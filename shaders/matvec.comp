@@ -13,6 +13,10 @@
 // it needs no dispatch of its own, and the mean squares of out's rows (at ms_out_off). MS_IN (with NORM):
 // x's mean squares are read from ms_off (written so by the op that produced x) instead of every workgroup
 // summing x's squares (docs/backend-vulkan.md#batched-decode).
+// Gemma 3n's sparse layers (docs/backend-vulkan.md#gemma-3n): SPARSE_UP (the up projection after the Gaussian
+// top-k): y = gelu(g) * (W x) with g the top-k gate at r_off/r_stride; a group of rows whose gate is zero for
+// every token loads none of its weights (gelu(0) = 0). SKIP_ZERO (the down projection): an 8-column chunk of x
+// that is zero for every token loads none of its weights.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -49,6 +53,12 @@ layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 #define WBUF w32b
 #define DEQ8 deq_b
 #include "quant.glsl"
+#endif
+#if defined(SPARSE_UP) && defined(POST_NORM_ADD)
+#error "SPARSE_UP reads its gate at r_off, which POST_NORM_ADD uses"
+#endif
+#if defined(SKIP_ZERO) && defined(Q8_ACT)
+#error "SKIP_ZERO tests float chunks of x"
 #endif
 #ifdef Q8_ACT
 // int8 activations (quant_act.comp: the input norm, if any, is applied there) and integer dot products
@@ -182,10 +192,32 @@ float row_output(float s, float s2, uint t) {
     return s;
 }
 
+#ifdef SPARSE_UP
+// the top-k gate of row `row` (of this weight part) for token t
+float gate_at(uint t, uint row) { return act[pc.r_off + t * pc.r_stride + pc.row0 + min(row, pc.N - 1u)]; }
+#endif
+
+// what is stored for a row's output s of token t
+float stored(float s, uint t, uint row) {
+#ifdef SPARSE_UP
+    s = gelu_tanh(gate_at(t, row)) * s;
+#endif
+    return s;
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint r_local = tid / ROW_THREADS, lane = tid % ROW_THREADS;
     uint row_base = flat_group() * ROWS * RB + r_local;  // rows row_base + j * ROWS, j < RB
+    bool live = row_base < pc.N;
+#ifdef SPARSE_UP
+    {  // rows whose gate the top-k zeroed for every token: no weight loads (their output is gelu(0) * 0)
+        bool any_kept = false;
+        [[unroll]] for (uint j = 0u; j < RB; ++j)
+            [[unroll]] for (uint t = 0u; t < NT; ++t) any_kept = any_kept || gate_at(t, row_base + j * ROWS) != 0.0;
+        live = live && any_kept;
+    }
+#endif
 #if defined(NORM) && defined(MS_IN)
     // the mean squares of x come from the op that wrote x: no pass over x in every workgroup
     if (tid < NT) inv_rms[tid] = 1.0 / sqrt(act[pc.ms_off + tid] + pc.eps);
@@ -217,7 +249,7 @@ void main() {
 #endif
         }
 #ifdef Q8_ACT
-    if (row_base < pc.N) {
+    if (live) {
         // x rows: KC int8 values (KC / 16 uvec4), then KC / 32 block metas (vec4)
         const uint NU = KC / UNIT_COLS;
         [[unroll]] for (uint u = lane; u < NU; u += ROW_THREADS) {
@@ -244,9 +276,17 @@ void main() {
         }
     }
 #else
-    if (row_base < pc.N) {
+    if (live) {
         const uint NC = KC / 8u;
         [[unroll]] for (uint c = lane; c < NC; c += ROW_THREADS) {
+#ifdef SKIP_ZERO
+            bool nz = false;
+            [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                uint xb = (pc.x_off + t * pc.x_stride) / 4u + 2u * c;
+                nz = nz || any(notEqual(act4[xb], vec4(0.0))) || any(notEqual(act4[xb + 1u], vec4(0.0)));
+            }
+            if (!nz) continue;  // a chunk of zero activations: its weights are not loaded
+#endif
             vec4 wl[RB], wh[RB];
 #ifdef GELU_PAIR
             vec4 wl2[RB], wh2[RB];
@@ -299,6 +339,7 @@ void main() {
             s2 = scatter_sums(acc2[j], ROW_THREADS, r_local, lane, tok);
 #endif
             s = row_output(s, s2, tok);
+            if (lane < padded_tokens() && tok < NT) s = stored(s, tok, row);
             if (lane < padded_tokens() && tok < NT && row < pc.N) Y_STORE[pc.y_off + tok * pc.y_stride + pc.row0 + row] = s;
             continue;
         }
@@ -312,6 +353,7 @@ void main() {
             s2 = acc2[j][t];
 #endif
             float s = row_output(acc[j][t], s2, t);
+            if (lane == 0u) s = stored(s, t, row);
             if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
         }
     }

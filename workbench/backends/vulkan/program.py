@@ -107,6 +107,10 @@ class Builder:
     forced: dict[str, dict[str, int]] = field(default_factory=dict)
     # every projection built: (shape key, how it was called), for the autotuner
     shapes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # Gemma 3n's sparse layers (ffn.sparse_skip): up projections left for the gelu_mul that reads them
+    # (up output -> (input, norm weight, eps, up weight)), and the gelu_mul outputs that are mostly zero
+    sparse_up: dict[str, tuple[str, str, float, str]] = field(default_factory=dict)
+    sparse_acts: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.groups = group_sequences(self.seqs)
@@ -143,10 +147,13 @@ class Builder:
 
     # -- kernels ---------------------------------------------------------------------------------
     def projection(self, op: Op, x: str, y: str, wname: str, norm: str | None = None, eps: float = 0.0,
-                   up: str | None = None, post: tuple[str, float, str, str] | None = None) -> None:  # fmt: skip
+                   up: str | None = None, post: tuple[str, float, str, str] | None = None, gate: str | None = None,
+                   skip_zero: bool = False) -> None:  # fmt: skip
         """y = x @ W.T (matvec for few rows, GEMM otherwise); ``norm``: RMSNorm weight fused into the matvec;
         ``up``: second weight of a fused gelu(W x) * (U x); ``post`` = (norm weight, eps, residual, out):
-        out = residual + rmsnorm(y), done by the matvec's last workgroup."""
+        out = residual + rmsnorm(y), done by the matvec's last workgroup. ``gate``: y = gelu(gate) * (W x),
+        computing only the rows where the (top-k) gate is non-zero (SPARSE_UP); ``skip_zero``: x is mostly
+        zero, its all-zero chunks load no weights (SKIP_ZERO, float activations)."""
         b, w = self.backend, self.backend.weight(wname)
         t = self.rows(x)
         k = self.widths[x]
@@ -154,7 +161,7 @@ class Builder:
         if w.cols != k:
             raise UnsupportedOpError(f"op {op.name}: weight {wname} has {w.cols} columns, input has {k}")
         w2 = b.weight(up) if up else None
-        if self.integer_path(w, w2, k):
+        if self.integer_path(w, w2, k) and not skip_zero:
             x, norm = self.quantized(op, x, norm, eps), None
             stride = k // 4 + k // 8
         else:
@@ -186,10 +193,13 @@ class Builder:
                         peps=peps, cnt_off=Ref(counter) if counter else 0, ms_off=Ref(ms_in) if ms_in else 0,
                         ms_out_off=Ref(ms_out) if ms_out else 0, q_out_off=Ref(q_out) if q_out else 0,
                         qnw_off=b.small_offset(q_norm[0]) if q_out else 0, qeps=q_norm[1] if q_out else 0.0)  # fmt: skip
+            if gate:  # the gate rides in the residual's fields (SPARSE_UP excludes POST_NORM_ADD)
+                push.update(r_off=Ref(gate), r_stride=self.widths[gate])
             defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["MS_IN"] if ms_in else []
             defines += ["POST_NORM_ADD"] if post else []
             defines += ["QUANT_OUT"] if q_out else []
+            defines += (["SPARSE_UP"] if gate else []) + (["SKIP_ZERO"] if skip_zero else [])
             q8 = stride != k
             defines += ["Q8_ACT"] if q8 else ["F16_MATH"] if b.tuning["matvec.fp16"] else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
@@ -206,7 +216,11 @@ class Builder:
             wg = b.tuning["matvec.wg_tall" if tall else "matvec.wg"]
             variant = "+".join(
                 ["q8" if q8 else "f16" if "F16_MATH" in defines else "f32"]
-                + [v.lower() for v in ("NORM", "GELU_PAIR", "POST_NORM_ADD") if v in defines]
+                + [
+                    v.lower()
+                    for v in ("NORM", "GELU_PAIR", "POST_NORM_ADD", "SPARSE_UP", "SKIP_ZERO")
+                    if v in defines
+                ]
             )
             key = matvec_key(w.fmt, variant, w.rows, k, t)
             if i == 0:
@@ -218,6 +232,7 @@ class Builder:
             gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
             reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
             reads += [ms_in] if ms_in else []
+            reads += [gate] if gate else []
             writes += [q_out] if q_out else []
             spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
@@ -303,7 +318,7 @@ class Builder:
         if self.backend.small_matrix(wname):
             gemma3n.small_matmul(self, op, x, y, wname)
         elif self.rows(x) <= self.backend.tuning["matvec.max_tokens"]:
-            self.projection(op, x, y, wname)
+            self.projection(op, x, y, wname, skip_zero=x in self.sparse_acts)
         else:
             self.gemm(op, x, y, wname)
 
@@ -483,6 +498,10 @@ class Builder:
             self.rmsnorm(op, op.inputs[0], op.outputs[0], None, 0.0, op.attrs["head_dim"], rope=op)
         elif k == "attention":
             self.attention(op)
+        elif k == "gelu_mul" and op.inputs[1] in self.sparse_up:
+            x, norm, eps, upw = self.sparse_up.pop(op.inputs[1])
+            self.projection(op, x, op.outputs[0], upw, norm, eps, gate=op.inputs[0])
+            self.sparse_acts.add(op.outputs[0])
         elif k == "gelu_mul":
             self.eltwise(op, "GELU_MUL", op.inputs[0], op.outputs[0], op.inputs[1])
         elif k == "add":
@@ -494,6 +513,16 @@ class Builder:
         elif k == "rmsnorm_matmul" and small(op.inputs[0]):
             norm, *mms = op.attrs["parts"]
             for mm in mms:
+                if self.sparse_up_of(
+                    mm
+                ):  # computed by the gelu_mul that reads it, only where the gate is kept
+                    self.sparse_up[mm.outputs[0]] = (
+                        norm.inputs[0],
+                        norm.weights[0],
+                        norm.attrs["eps"],
+                        mm.weights[0],
+                    )
+                    continue
                 self.projection(
                     op, norm.inputs[0], mm.outputs[0], mm.weights[0], norm.weights[0], norm.attrs["eps"]
                 )
@@ -510,9 +539,10 @@ class Builder:
             tmp = mm.outputs[0]
             residual = next(t for t in add.inputs if t != norm.outputs[0])
             w = self.backend.weight(mm.weights[0])
+            sparse = mm.inputs[0] in self.sparse_acts
             if small(mm.inputs[0]) and len(w.parts) == 1 and self.backend.tuning["matvec.post_norm"]:
                 post = (norm.weights[0], norm.attrs["eps"], residual, op.outputs[0])
-                self.projection(op, mm.inputs[0], tmp, mm.weights[0], post=post)
+                self.projection(op, mm.inputs[0], tmp, mm.weights[0], post=post, skip_zero=sparse)
             else:
                 self.matmul(op, mm.inputs[0], tmp, mm.weights[0])
                 self.rmsnorm(op, tmp, op.outputs[0], norm.weights[0], norm.attrs["eps"], residual=residual)
@@ -526,6 +556,22 @@ class Builder:
                 d.op = op.name
         else:
             raise UnsupportedOpError(f"vulkan backend: op {op.name!r} has unsupported kind {op.kind!r}")
+
+    def sparse_up_of(self, mm: Op) -> bool:
+        """Whether projection ``mm`` is a sparse layer's up projection whose rows can be skipped: its output
+        feeds only a gelu_mul whose gate comes from a Gaussian top-k (``ffn.sparse_skip``, decode steps)."""
+        if (
+            not self.backend.tuning["ffn.sparse_skip"]
+            or self.rows(mm.inputs[0]) > self.backend.tuning["matvec.max_tokens"]
+        ):
+            return False
+        u = mm.outputs[0]
+        users = [o for o in self.graph.ops if u in o.inputs]
+        if len(users) != 1 or users[0].kind != "gelu_mul" or users[0].inputs[1] != u:
+            return False
+        g = users[0].inputs[0]
+        w = self.backend.weight(mm.weights[0])
+        return len(w.parts) == 1 and any(o.kind == "gaussian_topk" and g in o.outputs for o in self.graph.ops)
 
     def _same_format(self, op: Op) -> bool:
         _, gate, up, _ = op.attrs["parts"]

@@ -1,0 +1,108 @@
+"""Gemma 3n on the ``vulkan`` backend (lavapipe with the Khronos validation layer): the three tiny checkpoints
+of tests/fixtures/gemma3n/ and the llama.cpp-converted GGUF against the numpy reference, prefill and token by
+token, the sparse layers' skipping on and off (the dense twin), greedy tokens equal, validation clean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_vulkan import REASON, assert_close, vulkan_engine
+
+import workbench as wb
+from workbench.backends.base import UnsupportedOpError
+
+pytestmark = pytest.mark.skipif(bool(REASON), reason=f"VULKAN TESTS SKIPPED: {REASON}")
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gemma3n"
+MODELS = ("e2b_pattern", "gqa_softcap", "shared_alternating", "e2b_pattern.gguf")
+# 13 tokens: the windows (8, 4, 6) are crossed in the prefill and again while decoding
+TOKENS = [2, 17, 201, 44, 5, 99, 123, 7, 8, 250, 31, 64, 211]
+REL = 2e-4  # the backend's tolerance (tests/test_vulkan.py)
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, wb.Model]:
+    return {n: wb.load(str(FIXTURES / n)) for n in MODELS}
+
+
+def _sparse_dispatches(ev: wb.Engine) -> set[str]:
+    """The sparse-layer defines (SPARSE_UP, SKIP_ZERO) of every recorded program's dispatches."""
+    return {
+        d
+        for p in ev.backend.programs.values()
+        for x in p.dispatches
+        for d in x.defines
+        if d in ("SPARSE_UP", "SKIP_ZERO")
+    }
+
+
+@pytest.mark.parametrize(
+    "name,skip",
+    [(n, 1) for n in MODELS] + [("e2b_pattern", 0), ("gqa_softcap", 0)],
+)
+def test_logits_match_numpy(models, name, skip):
+    """Prefill (all logits, GEMM path), a 4-token step (batched matvec) and single tokens equal numpy."""
+    model = models[name]
+    en, ev = wb.Engine(model, "numpy"), vulkan_engine(model, tune=f"ffn.sparse_skip={skip}")
+    sn, sv = en.new_sequence(), ev.new_sequence()
+    assert_close(ev.forward(sv, TOKENS, logits="all"), en.forward(sn, TOKENS, logits="all"), REL)
+    chunk = [3, 141, 59, 26]
+    assert_close(ev.forward(sv, chunk, logits="all"), en.forward(sn, chunk, logits="all"), REL)
+    for t in range(4):
+        tok = (37 * t + 11) % model.config.vocab_size
+        assert_close(ev.forward(sv, [tok]), en.forward(sn, [tok]), REL)
+    sparse = any(s > 0 for s in model.config.activation_sparsity)
+    assert _sparse_dispatches(ev) == ({"SPARSE_UP", "SKIP_ZERO"} if skip and sparse else set())
+    ev.backend.dev.check_validation()
+
+
+@pytest.mark.parametrize("name", ["e2b_pattern", "shared_alternating"])
+def test_greedy_tokens_equal_numpy(models, name):
+    """Greedy decoding on the device (argmax there) gives numpy's tokens."""
+    model = models[name]
+    prompt = TOKENS[:6]
+    want = wb.Engine(model, "numpy").generate(prompt, max_tokens=10).output_ids
+    ev = vulkan_engine(model)
+    assert ev.generate(prompt, max_tokens=10).output_ids == want
+    ev.backend.dev.check_validation()
+
+
+def test_chunked_prefill_equals_one_prefill(models):
+    """Steps of 5 tokens over the sliding window (sharing layers read the owner's ring in the same step)."""
+    model = models["e2b_pattern"]
+    ev = vulkan_engine(model)
+    whole = ev.forward(ev.new_sequence(), TOKENS, logits="all")
+    s = ev.new_sequence()
+    parts = [ev.forward(s, TOKENS[i : i + 5], logits="all") for i in range(0, len(TOKENS), 5)]
+    assert_close(np.concatenate(parts), whole, REL)
+    ev.backend.dev.check_validation()
+
+
+def test_caches_only_for_owning_layers_and_ple_table_host_visible(models):
+    """KV buffers exist for the layers that own a cache (sharing layers use their owner's); the per-layer
+    embedding table is in host-visible memory (ple.host), and in device memory with ple.host=0."""
+    model = models["e2b_pattern"]
+    c = model.config
+    ev = vulkan_engine(model)
+    kv = ev.new_sequence().cache.device_kv
+    owners = [i for i in range(c.n_layers) if c.owns_kv(i)]
+    assert len(kv.owned()) == len(owners) < c.n_layers
+    for i in range(c.n_layers):
+        assert kv.layers[i] is kv.layers[c.kv_layer(i)]
+    assert ev.backend.weight("per_layer_token_embd.weight").role == "host"
+    assert ev.backend.weight("token_embd.weight").role == "device"
+    assert (
+        vulkan_engine(model, tune="ple.host=0").backend.weight("per_layer_token_embd.weight").role == "device"
+    )
+
+
+def test_unsupported_kind_refused_at_construction(models, monkeypatch):
+    """A model with a kind the backend lacks is refused when the backend is built (``auto`` passes over it),
+    not at its first step."""
+    from workbench.backends.vulkan import backend
+
+    monkeypatch.setattr(backend, "KINDS", tuple(k for k in backend.KINDS if k != "altup_correct"))
+    with pytest.raises(UnsupportedOpError, match="altup_correct"):
+        vulkan_engine(models["gqa_softcap"])
