@@ -329,6 +329,18 @@ TINY = {
         "repeats": 1,
         "prompt_lengths": [4],
     },
+    "15_gemma3n.ipynb": {
+        "backends": ["numpy", "npu"],
+        "speed_backends": [],
+        "prompt_tokens": 4,
+        "gen_tokens": 2,
+        "repeats": 1,
+        "eval_tokens": 32,
+        "placement_models": ["gemma3n-e2b"],
+        "first_n_splits": [10],
+        "strategies": ["all-igpu"],
+        "npu_launches": ["op"],
+    },
 }
 
 
