@@ -113,15 +113,7 @@ def quant_plan(config: ModelConfig, quant: str) -> dict[str, GGMLType]:
     if config.arch == "gemma3n":
         return _gemma3n_plan(config, quant)
     plan: dict[str, GGMLType] = {}
-    base = {
-        "f32": GGMLType.F32,
-        "f16": GGMLType.F16,
-        "q8_0": GGMLType.Q8_0,
-        "q5_0": GGMLType.Q5_0,
-        "q4_0": GGMLType.Q4_0,
-        "q6_k": GGMLType.Q6_K,
-        "q4_k_m": GGMLType.Q4_K,
-    }[quant]
+    base = BASE_TYPES[quant]
     n = config.n_layers
     for name in required_weights(config):
         kind = name.split(".")[-2]
