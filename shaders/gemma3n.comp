@@ -9,9 +9,12 @@
 //   OP_ALTUP_PREDICT  (split, T)   router of stream 0, y = predicted streams, z = the active one (p_0)
 //   OP_ALTUP_CORRECT  (split, T)   router of z = b, y = corrected streams, z = q_0 * correct_scale
 //   OP_LAUREL         (ceil(H/WG), T)  y = ((a + b) + (c + d)) / sqrt(2)
+//   OP_LAUREL_NORM    (1, T)       the same with b and d RMS-normalized here (weights w_off, w2_off): the
+//                                  post-attention and LAuReL post-norms folded in
 //   OP_TOPK           (1, T)       y = relu(a - (mean(a) + scale * std(a)))  (Gaussian top-k of the gate)
 //   OP_PLE_PROJECT    (L, T)       y = (rmsnorm(a * scale; w) + b) / sqrt(2) over each layer's `width` values
 //   OP_PLE_INJECT     (ceil(4H/WG), T)  y = a with b added to streams 1..3
+//   OP_PLE_INJECT_NORM (1, T)      the same with b RMS-normalized here (weight w_off): the post-norm folded in
 //   OP_MATMUL_SMALL   (ceil(N/WG), T)   y = a @ W.T, W (N, width) float32 in smalls (weights too narrow for matvec)
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -142,6 +145,33 @@ void main() {
     float v = (act[pc.a_off + t * pc.a_stride + h] + act[pc.b_off + t * pc.b_stride + h])
             + (act[pc.c_off + t * pc.c_stride + h] + act[pc.d_off + t * pc.d_stride + h]);
     act[pc.y_off + t * pc.y_stride + h] = v * INV_SQRT2;
+#elif defined(OP_LAUREL_NORM)
+    uint H = pc.width, bb = pc.b_off + t * pc.b_stride, db = pc.d_off + t * pc.d_stride;
+    vec4 s = vec4(0.0);
+    for (uint h = tid; h < H; h += WG) {
+        float b = act[bb + h], d = act[db + h];
+        s.xy += vec2(b * b, d * d);
+    }
+    vec4 ms = wg_sum(s) / float(H);
+    float ib = 1.0 / sqrt(ms.x + pc.eps), id = 1.0 / sqrt(ms.y + pc.eps);
+    uint ab = pc.a_off + t * pc.a_stride, cb = pc.c_off + t * pc.c_stride, yb = pc.y_off + t * pc.y_stride;
+    for (uint h = tid; h < H; h += WG) {
+        float att = act[bb + h] * ib * smalls[pc.w_off + h], lau = act[db + h] * id * smalls[pc.w2_off + h];
+        act[yb + h] = ((act[ab + h] + att) + (act[cb + h] + lau)) * INV_SQRT2;
+    }
+#elif defined(OP_PLE_INJECT_NORM)
+    uint H = pc.width, bb = pc.b_off + t * pc.b_stride;
+    float s = 0.0;
+    for (uint h = tid; h < H; h += WG) s += act[bb + h] * act[bb + h];
+    float inv = 1.0 / sqrt(wg_sum(vec4(s, 0.0, 0.0, 0.0)).x / float(H) + pc.eps);
+    uint ab = pc.a_off + t * pc.a_stride, yb = pc.y_off + t * pc.y_stride;
+    for (uint h = tid; h < H; h += WG) {
+        float r = act[bb + h] * inv * smalls[pc.w_off + h];
+        act[yb + h] = act[ab + h];
+        act[yb + H + h] = act[ab + H + h] + r;
+        act[yb + 2u * H + h] = act[ab + 2u * H + h] + r;
+        act[yb + 3u * H + h] = act[ab + 3u * H + h] + r;
+    }
 #elif defined(OP_TOPK)
     uint F = pc.width, ab = pc.a_off + t * pc.a_stride, yb = pc.y_off + t * pc.y_stride;
     float s = 0.0;

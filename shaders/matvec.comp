@@ -15,7 +15,8 @@
 // summing x's squares (docs/backend-vulkan.md#batched-decode).
 // Gemma 3n's sparse layers (docs/backend-vulkan.md#gemma-3n): SPARSE_UP (the up projection after the Gaussian
 // top-k): y = gelu(g) * (W x) with g the top-k gate at r_off/r_stride; a group of rows whose gate is zero for
-// every token loads none of its weights (gelu(0) = 0). SKIP_ZERO (the down projection): an 8-column chunk of x
+// every token loads none of its weights (gelu(0) = 0). GATE_MUL (the PLE gate): y = gelu(W x) * m with m at
+// r_off/r_stride (the layer's per-layer inputs). SKIP_ZERO (the down projection): an 8-column chunk of x
 // that is zero for every token loads none of its weights.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -54,8 +55,8 @@ layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 #define DEQ8 deq_b
 #include "quant.glsl"
 #endif
-#if defined(SPARSE_UP) && defined(POST_NORM_ADD)
-#error "SPARSE_UP reads its gate at r_off, which POST_NORM_ADD uses"
+#if (defined(SPARSE_UP) || defined(GATE_MUL)) && defined(POST_NORM_ADD)
+#error "SPARSE_UP and GATE_MUL read at r_off, which POST_NORM_ADD uses"
 #endif
 #if defined(SKIP_ZERO) && defined(Q8_ACT)
 #error "SKIP_ZERO tests float chunks of x"
@@ -201,6 +202,9 @@ float gate_at(uint t, uint row) { return act[pc.r_off + t * pc.r_stride + pc.row
 float stored(float s, uint t, uint row) {
 #ifdef SPARSE_UP
     s = gelu_tanh(gate_at(t, row)) * s;
+#endif
+#ifdef GATE_MUL
+    s = gelu_tanh(s) * act[pc.r_off + t * pc.r_stride + pc.row0 + min(row, pc.N - 1u)];
 #endif
     return s;
 }

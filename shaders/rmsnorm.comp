@@ -4,7 +4,8 @@
 // ROPE (rotate-half RoPE of each group after the norm, inverse frequencies in smalls at freq_off),
 // NO_NORM (with ROPE: RoPE alone), NO_WEIGHT (no weight: Gemma 3n's V norm, rmsnorm_plain), KV_OUT (with ROPE: the rotated keys go straight into the layer's KV cache
 // at the token's slot, and the step's values of the same head are copied there too: no separate store;
-// KV_F16: a float16 cache).
+// KV_F16: a float16 cache), V_NORM (with KV_OUT: the values RMS-normalized per head, without a weight, as they
+// are copied: Gemma 3n's V norm).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 
@@ -58,7 +59,19 @@ void main() {
     uint kb = slot * pc.kv_dim + g * pc.width;
     uint vs = pc.v_src + t * pc.v_stride + g * pc.width;
     uint cs_ = KV_SEQ(t);
-    for (uint i = tid; i < pc.width; i += WG) caches[cs_].v[pc.v_off + kb + i] = KV_PUT(act[vs + i]);
+    float vinv = 1.0;
+#ifdef V_NORM
+    float sv = 0.0;
+    for (uint i = tid; i < pc.width; i += WG) sv += act[vs + i] * act[vs + i];
+    sv = subgroupAdd(sv);
+    if (subgroupElect()) red[gl_SubgroupID] = sv;
+    barrier();
+    float vt = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) vt += red[i];
+    vinv = 1.0 / sqrt(vt / float(pc.width) + pc.eps);
+    barrier();
+#endif
+    for (uint i = tid; i < pc.width; i += WG) caches[cs_].v[pc.v_off + kb + i] = KV_PUT(act[vs + i] * vinv);
 #define STORE(i, x) caches[cs_].v[kb + (i)] = KV_PUT(x)
 #else
 #define STORE(i, v) act[yb + (i)] = (v)

@@ -39,13 +39,15 @@ def _sparse_dispatches(ev: wb.Engine) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "name,skip",
-    [(n, 1) for n in MODELS] + [("e2b_pattern", 0), ("gqa_softcap", 0)],
+    "name,skip,fuse",
+    [(n, 1, 1) for n in MODELS] + [("e2b_pattern", 0, 1), ("gqa_softcap", 0, 1), ("e2b_pattern", 1, 0)],
 )
-def test_logits_match_numpy(models, name, skip):
-    """Prefill (all logits, GEMM path), a 4-token step (batched matvec) and single tokens equal numpy."""
+def test_logits_match_numpy(models, name, skip, fuse):
+    """Prefill (all logits, GEMM path), a 4-token step (batched matvec) and single tokens equal numpy, with
+    the sparse layers' skipping on and off (the dense twin) and Gemma 3n's folded dispatches on and off."""
     model = models[name]
-    en, ev = wb.Engine(model, "numpy"), vulkan_engine(model, tune=f"ffn.sparse_skip={skip}")
+    tune = f"ffn.sparse_skip={skip},gemma3n.fuse={fuse}"
+    en, ev = wb.Engine(model, "numpy"), vulkan_engine(model, tune=tune)
     sn, sv = en.new_sequence(), ev.new_sequence()
     assert_close(ev.forward(sv, TOKENS, logits="all"), en.forward(sn, TOKENS, logits="all"), REL)
     chunk = [3, 141, 59, 26]
@@ -55,6 +57,9 @@ def test_logits_match_numpy(models, name, skip):
         assert_close(ev.forward(sv, [tok]), en.forward(sn, [tok]), REL)
     sparse = any(s > 0 for s in model.config.activation_sparsity)
     assert _sparse_dispatches(ev) == ({"SPARSE_UP", "SKIP_ZERO"} if skip and sparse else set())
+    folded = {d for p in ev.backend.programs.values() for x in p.dispatches for d in x.defines}
+    folded &= {"OP_LAUREL_NORM", "OP_PLE_INJECT_NORM", "GATE_MUL", "V_NORM"}
+    assert folded == ({"OP_LAUREL_NORM", "OP_PLE_INJECT_NORM", "GATE_MUL", "V_NORM"} if fuse else set())
     ev.backend.dev.check_validation()
 
 

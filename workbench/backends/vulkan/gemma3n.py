@@ -39,9 +39,11 @@ OPS = (
     "ALTUP_PREDICT",
     "ALTUP_CORRECT",
     "LAUREL",
+    "LAUREL_NORM",
     "TOPK",
     "PLE_PROJECT",
     "PLE_INJECT",
+    "PLE_INJECT_NORM",
     "MATMUL_SMALL",
 )
 PUSH = ("a", "b", "c", "d", "y", "z")  # tensors of the push block: <name>_off, <name>_stride
@@ -60,12 +62,80 @@ def _wg(b: Builder) -> int:
     return b.backend.tuning["gemma3n.wg"]
 
 
+def _users(b: Builder, t: str) -> list[Op]:
+    return [o for o in b.graph.ops if t in o.inputs]
+
+
+def _producer(b: Builder, t: str) -> Op | None:
+    return next((o for o in b.graph.ops if t in o.outputs), None)
+
+
+def _folded_norm(b: Builder, t: str) -> Op | None:
+    """The plain RMSNorm op that produces ``t`` for a single Gemma 3n consumer, which then applies it
+    (``gemma3n.fuse``): the post-attention and LAuReL post-norms (laurel_residual), the PLE post-norm
+    (ple_inject)."""
+    if not b.backend.tuning["gemma3n.fuse"]:
+        return None
+    p = _producer(b, t)
+    if p is None or p.kind != "rmsnorm" or p.attr("group") or len(_users(b, t)) != 1:
+        return None
+    return p
+
+
+def _laurel_norms(b: Builder, op: Op) -> tuple[Op, Op] | None:
+    """The two norms laurel_residual ``op`` folds in (both, or neither)."""
+    att, lau = _folded_norm(b, op.inputs[1]), _folded_norm(b, op.inputs[3])
+    return (att, lau) if att is not None and lau is not None else None
+
+
+def fold(b: Builder, op: Op) -> bool:
+    """Whether ``op`` is done elsewhere (True: emit nothing for it): a norm its Gemma 3n consumer applies, a
+    ple_gate done by the matvec of its ``inp_gate`` (GATE_MUL, decode steps), which this emits."""
+    if op.name in b.folded:
+        return True
+    if not b.graph.config.altup_inputs:  # not Gemma 3n
+        return False
+    if op.kind == "rmsnorm" and _folded_norm(b, op.outputs[0]) is op:
+        user = _users(b, op.outputs[0])[0]
+        return (
+            user.kind == "laurel_residual" and _laurel_norms(b, user) is not None
+        ) or user.kind == "ple_inject"
+    if op.kind == "matmul" and b.backend.tuning["gemma3n.fuse"] and not b.backend.small_matrix(op.weights[0]):
+        users = _users(b, op.outputs[0])
+        x = op.inputs[0]
+        if (
+            len(users) == 1
+            and users[0].kind == "ple_gate"
+            and b.rows(x) <= b.backend.tuning["matvec.max_tokens"]
+        ):
+            gate = users[0]
+            b.projection(
+                op,
+                x,
+                gate.outputs[0],
+                op.weights[0],
+                ple=(gate.inputs[1], gate.layer * b.widths[op.outputs[0]]),
+            )
+            b.folded.add(gate.name)
+            return True
+    return False
+
+
 def emit(b: Builder, op: Op) -> None:
     """The dispatches of a Gemma 3n kind (``KINDS``)."""
     k, a = op.kind, op.attrs
     small = b.backend.small_offset
     wg = _wg(b)
     if k == "rmsnorm_plain":
+        users = _users(b, op.outputs[0])
+        if (
+            b.backend.tuning["gemma3n.fuse"]
+            and len(users) == 1
+            and users[0].kind == "attention"
+            and users[0].inputs[2] == op.outputs[0]
+        ):  # the V norm: done by the RoPE dispatch that stores K and V (rmsnorm.comp V_NORM), else before the store
+            b.v_norms[op.outputs[0]] = op
+            return
         b.rmsnorm(op, op.inputs[0], op.outputs[0], None, a["eps"], op.attr("group"), weightless=True)
     elif k == "shared_kv_attention":
         b.attention(op)
@@ -109,10 +179,19 @@ def emit(b: Builder, op: Op) -> None:
     elif k == "laurel_residual":
         y = op.outputs[0]
         h, t = b.widths[y], b.rows(y)
-        views = {f"{n}_off": b.ref(x) for n, x in zip("abcd", op.inputs)}
-        views |= {f"{n}_stride": b.widths[x] for n, x in zip("abcd", op.inputs)}
-        dispatch(b, op, "LAUREL", (-(-h // wg), t, 1), list(op.inputs), [y], y_off=b.ref(y), y_stride=h, width=h,
-                 **views)  # fmt: skip
+        norms = _laurel_norms(b, op)
+        ins = list(op.inputs)
+        if norms:  # read the norms' inputs, normalize here
+            ins[1], ins[3] = norms[0].inputs[0], norms[1].inputs[0]
+        views = {f"{n}_off": b.ref(x) for n, x in zip("abcd", ins)}
+        views |= {f"{n}_stride": b.widths[x] for n, x in zip("abcd", ins)}
+        if norms:
+            dispatch(b, op, "LAUREL_NORM", (1, t, 1), ins, [y], y_off=b.ref(y), y_stride=h, width=h,
+                     w_off=small(norms[0].weights[0]), w2_off=small(norms[1].weights[0]), eps=norms[0].attrs["eps"],
+                     **views)  # fmt: skip
+        else:
+            dispatch(b, op, "LAUREL", (-(-h // wg), t, 1), ins, [y], y_off=b.ref(y), y_stride=h, width=h,
+                     **views)  # fmt: skip
     elif k == "gaussian_topk":
         g, y = op.inputs[0], op.outputs[0]
         dispatch(b, op, "TOPK", (1, b.rows(g), 1), [g], [y], a_off=b.ref(g), a_stride=b.widths[g], y_off=b.ref(y),
@@ -136,6 +215,13 @@ def emit(b: Builder, op: Op) -> None:
         x, r = op.inputs
         y = op.outputs[0]
         h = b.widths[r]
+        norm = _folded_norm(b, r)
+        if norm is not None:
+            r = norm.inputs[0]
+            dispatch(b, op, "PLE_INJECT_NORM", (1, b.rows(y), 1), [x, r], [y], a_off=b.ref(x), a_stride=b.widths[x],
+                     b_off=b.ref(r), b_stride=b.widths[r], y_off=b.ref(y), y_stride=b.widths[y], width=h,
+                     w_off=small(norm.weights[0]), eps=norm.attrs["eps"])  # fmt: skip
+            return
         dispatch(b, op, "PLE_INJECT", (-(-4 * h // wg), b.rows(y), 1), [x, r], [y], a_off=b.ref(x),
                  a_stride=b.widths[x], b_off=b.ref(r), b_stride=h, y_off=b.ref(y), y_stride=b.widths[y], width=h)  # fmt: skip
     else:

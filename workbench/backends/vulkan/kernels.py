@@ -211,6 +211,9 @@ PROGRAM_TUNABLES = {
     # the per-layer-embedding table (E2B: 262,144 x 7,680) in host-visible memory, read one row per token,
     # leaving the device-local heap to the weights that are streamed (0: placed like any other weight)
     "ple.host": 1,
+    # Gemma 3n: the post-attention and LAuReL post-norms folded into laurel_residual, the PLE post-norm into
+    # ple_inject, the PLE gate into its projection's matvec (0: each its own dispatch)
+    "gemma3n.fuse": 1,
 }
 SWITCHES = (
     "matmul.coop",
@@ -224,6 +227,7 @@ SWITCHES = (
     "kv.fp16",
     "ffn.sparse_skip",
     "ple.host",
+    "gemma3n.fuse",
 )
 ROW_THREAD_KEYS = (
     "matvec.row_threads",
@@ -443,15 +447,26 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for pair in ((), ("GELU_PAIR",))
                 for ms in ((), ("MS_IN",))
             ]
+            # Gemma 3n's sparse layers (ffn.sparse_skip): the gated up projection, the zero-skipping down
+            out += [("matvec", (*g, "NORM", *ms, "SPARSE_UP")) for ms in ((), ("MS_IN",))]
+            out += [("matvec", (*g, *post, "SKIP_ZERO")) for post in ((), ("POST_NORM_ADD",))]
+            out += [("matvec", (*g, "GATE_MUL"))]
         if f[0].removeprefix("FMT_") in Q8_FORMATS:
             out += [
                 ("matvec", (*f, "Q8_ACT", *v))
-                for v in ((), ("GELU_PAIR",), ("POST_NORM_ADD",), ("POST_NORM_ADD", "QUANT_OUT"))
+                for v in (
+                    (),
+                    ("GELU_PAIR",),
+                    ("POST_NORM_ADD",),
+                    ("POST_NORM_ADD", "QUANT_OUT"),
+                    ("SPARSE_UP",),
+                    ("GATE_MUL",),
+                )
             ]
         out += [("matmul", f), ("matmul_coop", f), ("embed", f)]
     for kv in ((), ("KV_F16",)):  # the cache's float32 and float16 (kv.fp16) variants
         out += [("attention", kv), ("attention", ("FUSED_COMBINE", *kv)), ("kv_store", kv)]
-        out += [("rmsnorm", ("ROPE", "KV_OUT", *x, *kv)) for x in ((), ("NO_NORM",))]
+        out += [("rmsnorm", ("ROPE", "KV_OUT", *x, *kv)) for x in ((), ("NO_NORM",), ("V_NORM",))]
     out += [("attn_combine", ()), ("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",))]
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]

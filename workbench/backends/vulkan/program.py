@@ -111,6 +111,9 @@ class Builder:
     # (up output -> (input, norm weight, eps, up weight)), and the gelu_mul outputs that are mostly zero
     sparse_up: dict[str, tuple[str, str, float, str]] = field(default_factory=dict)
     sparse_acts: set[str] = field(default_factory=set)
+    folded: set[str] = field(default_factory=set)  # ops another op's dispatch has done (gemma3n.fold)
+    # Gemma 3n's V norms left to the RoPE dispatch that stores K and V (normed values -> their rmsnorm_plain op)
+    v_norms: dict[str, Op] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.groups = group_sequences(self.seqs)
@@ -148,12 +151,13 @@ class Builder:
     # -- kernels ---------------------------------------------------------------------------------
     def projection(self, op: Op, x: str, y: str, wname: str, norm: str | None = None, eps: float = 0.0,
                    up: str | None = None, post: tuple[str, float, str, str] | None = None, gate: str | None = None,
-                   skip_zero: bool = False) -> None:  # fmt: skip
+                   skip_zero: bool = False, ple: tuple[str, int] | None = None) -> None:  # fmt: skip
         """y = x @ W.T (matvec for few rows, GEMM otherwise); ``norm``: RMSNorm weight fused into the matvec;
         ``up``: second weight of a fused gelu(W x) * (U x); ``post`` = (norm weight, eps, residual, out):
         out = residual + rmsnorm(y), done by the matvec's last workgroup. ``gate``: y = gelu(gate) * (W x),
         computing only the rows where the (top-k) gate is non-zero (SPARSE_UP); ``skip_zero``: x is mostly
-        zero, its all-zero chunks load no weights (SKIP_ZERO, float activations)."""
+        zero, its all-zero chunks load no weights (SKIP_ZERO, float activations). ``ple`` = (tensor, column):
+        y = gelu(W x) * tensor[:, column + row] (GATE_MUL: Gemma 3n's PLE gate)."""
         b, w = self.backend, self.backend.weight(wname)
         t = self.rows(x)
         k = self.widths[x]
@@ -195,11 +199,14 @@ class Builder:
                         qnw_off=b.small_offset(q_norm[0]) if q_out else 0, qeps=q_norm[1] if q_out else 0.0)  # fmt: skip
             if gate:  # the gate rides in the residual's fields (SPARSE_UP excludes POST_NORM_ADD)
                 push.update(r_off=Ref(gate), r_stride=self.widths[gate])
+            if ple:  # so does the multiplier of GATE_MUL
+                push.update(r_off=Ref(ple[0], ple[1]), r_stride=self.widths[ple[0]])
             defines = [*w.defines] + (["NORM"] if norm else []) + (["GELU_PAIR"] if w2 else [])
             defines += ["MS_IN"] if ms_in else []
             defines += ["POST_NORM_ADD"] if post else []
             defines += ["QUANT_OUT"] if q_out else []
             defines += (["SPARSE_UP"] if gate else []) + (["SKIP_ZERO"] if skip_zero else [])
+            defines += ["GATE_MUL"] if ple else []
             q8 = stride != k
             defines += ["Q8_ACT"] if q8 else ["F16_MATH"] if b.tuning["matvec.fp16"] else []
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
@@ -218,7 +225,7 @@ class Builder:
                 ["q8" if q8 else "f16" if "F16_MATH" in defines else "f32"]
                 + [
                     v.lower()
-                    for v in ("NORM", "GELU_PAIR", "POST_NORM_ADD", "SPARSE_UP", "SKIP_ZERO")
+                    for v in ("NORM", "GELU_PAIR", "POST_NORM_ADD", "SPARSE_UP", "SKIP_ZERO", "GATE_MUL")
                     if v in defines
                 ]
             )
@@ -233,6 +240,7 @@ class Builder:
             reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
             reads += [ms_in] if ms_in else []
             reads += [gate] if gate else []
+            reads += [ple[0]] if ple else []
             writes += [q_out] if q_out else []
             spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
@@ -410,6 +418,10 @@ class Builder:
         if stage == "store":
             k, v = op.inputs[1:3]
             if tag or not self._store_in_rope(op, k, v, kvres, caches, layer, window):
+                vnorm = self.v_norms.pop(v, None)
+                if vnorm is not None:  # not taken by a RoPE dispatch: its own dispatch, before the store
+                    self.rmsnorm(vnorm, vnorm.inputs[0], v, None, vnorm.attrs["eps"], vnorm.attr("group"),
+                                 weightless=True)  # fmt: skip
                 self.add(op, "kv_store", dict(k_off=Ref(k), k_stride=self.widths[k], v_off_act=Ref(v),
                      v_stride=self.widths[v], kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
                      t0=t0), (-(-kvd // b.tuning["kv_store.wg"]), t, 1), [k + tag, v + tag, "params"], kvres,
@@ -459,11 +471,23 @@ class Builder:
         rope = self.dispatches[at] if at is not None else None
         if rope is None or rope.kernel != "rmsnorm" or "ROPE" not in rope.defines or rope.kv:
             return False
-        # values made after the keys (Gemma 3n's V norm) are not there yet when the RoPE dispatch runs
-        if any(v in d.writes for d in self.dispatches[at + 1 :]):
+        vnorm = self.v_norms.get(v)  # Gemma 3n: the values normalized (no weight) as they are stored
+        if vnorm is not None and (
+            "NO_NORM" in rope.defines
+            or vnorm.attrs["eps"] != rope.push["eps"]
+            or vnorm.attr("group") != rope.push["width"]
+        ):
             return False
-        if self.widths[v] != self.widths[k] or rope.push["width"] != op.attrs["head_dim"]:
+        src = vnorm.inputs[0] if vnorm is not None else v
+        # values made after the keys (Gemma 3n's V norm, unless folded) are not there yet when the RoPE runs
+        if any(src in d.writes for d in self.dispatches[at + 1 :]):
             return False
+        if self.widths[src] != self.widths[k] or rope.push["width"] != op.attrs["head_dim"]:
+            return False
+        if vnorm is not None:
+            del self.v_norms[v]
+            v = src
+            rope.defines = (*rope.defines, "V_NORM")
         rope.defines = (*rope.defines, "KV_OUT", *layer.defines)
         rope.spec = sorted([*rope.spec, (1, int(len(caches) > 1))])
         rope.push.update(y_off=0, v_src=Ref(v), v_stride=self.widths[v], kv_dim=layer.kv_dim, ring=layer.slots,
@@ -486,6 +510,8 @@ class Builder:
 
     # -- ops -------------------------------------------------------------------------------------
     def emit(self, op: Op) -> None:
+        if gemma3n.fold(self, op):
+            return
         k = op.kind
         small = lambda x: self.rows(x) <= self.backend.tuning["matvec.max_tokens"]  # noqa: E731
         if k == "embed":
