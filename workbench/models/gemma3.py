@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from ..ops.graph import Graph, Op, TensorSpec, WeightSpec
+from ..ops.graph import Graph, WeightSpec
 from .config import ModelConfig
-from .weights import MissingTensorError
+from .step_builder import StepBuilder
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -76,23 +76,8 @@ def build_graph(
     Step inputs: ``tokens`` (T,), ``positions`` (T,), ``logit_rows`` (R,) indices into the T tokens.
     Output: ``logits`` (R, vocab). Attention ops read and extend the KV cache of their layer (``op.layer``).
     """
-    if n_tokens < 1 or not 1 <= n_logits <= n_tokens:
-        raise ValueError(f"a step needs 1 <= n_logits ({n_logits}) <= n_tokens ({n_tokens})")
-    missing = [w for w in required_weights(config) if w not in weights]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise MissingTensorError(f"model is missing tensor {missing[0]!r}{more}")
-    c, t = config, n_tokens
-    ops: list[Op] = []
-    tensors: dict[str, TensorSpec] = {}
-
-    def act(name: str, cols: int, rows: int = t) -> str:
-        tensors[name] = TensorSpec((rows, cols))
-        return name
-
-    def add(name, kind, inputs, outputs, weights=(), layer=None, **attrs):
-        ops.append(Op(name, kind, tuple(inputs), tuple(outputs), tuple(weights), attrs, layer))
-
+    b = StepBuilder(config, weights, n_tokens, n_logits, required_weights(config))
+    c, act, add = config, b.act, b.add
     x = act("x.embed", c.hidden)
     add("embed", "embed", ["tokens"], [x], ["token_embd.weight"], scale=c.embed_scale)
     for i in range(c.n_layers):
@@ -147,15 +132,4 @@ def build_graph(
         add(f"{p}.ffn_residual", "add", [x_mid, dn], [x], (), i)
     xr = act("x.rows", c.hidden, n_logits)
     add("gather_rows", "gather_rows", [x, "logit_rows"], [xr])
-    xn = act("x.final", c.hidden, n_logits)
-    add("output_norm", "rmsnorm", [xr], [xn], ["output_norm.weight"], eps=c.rms_eps)
-    head = "token_embd.weight" if c.tie_embeddings else "output.weight"
-    logits = act("logits", c.vocab_size, n_logits)
-    if c.final_logit_softcap:
-        raw = act("logits.raw", c.vocab_size, n_logits)
-        add("lm_head", "matmul", [xn], [raw], [head])
-        add("logit_softcap", "softcap", [raw], [logits], (), cap=float(c.final_logit_softcap))
-    else:
-        add("lm_head", "matmul", [xn], [logits], [head])
-    used = {wn for op in ops for wn in op.weights}
-    return Graph(c, n_tokens, n_logits, ops, tensors, {k: weights[k] for k in used})
+    return b.head(xr)

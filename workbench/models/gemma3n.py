@@ -15,9 +15,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ..ops.graph import Graph, Op, TensorSpec, WeightSpec
+from ..ops.graph import Graph, WeightSpec
 from .config import ModelConfig
-from .weights import MissingTensorError
+from .step_builder import StepBuilder
 
 # per-layer weights every layer has, and those only layers that own a KV cache have
 LAYER_WEIGHTS = (
@@ -113,24 +113,9 @@ def build_graph(
     read and extend it; ``shared_kv_attention`` ops read the cache of layer ``attrs["kv_layer"]``, which
     an earlier op of the same step extended.
     """
-    if n_tokens < 1 or not 1 <= n_logits <= n_tokens:
-        raise ValueError(f"a step needs 1 <= n_logits ({n_logits}) <= n_tokens ({n_tokens})")
-    missing = [w for w in required_weights(config) if w not in weights]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise MissingTensorError(f"Gemma 3n model is missing tensor {missing[0]!r}{more}")
-    c, t = config, n_tokens
+    b = StepBuilder(config, weights, n_tokens, n_logits, required_weights(config), "Gemma 3n model")
+    c, act, add = config, b.act, b.add
     h, streams = c.hidden, c.altup_inputs * c.hidden
-    ops: list[Op] = []
-    tensors: dict[str, TensorSpec] = {}
-
-    def act(name: str, cols: int, rows: int = t) -> str:
-        tensors[name] = TensorSpec((rows, cols))
-        return name
-
-    def add(name, kind, inputs, outputs, weights=(), layer=None, **attrs):
-        ops.append(Op(name, kind, tuple(inputs), tuple(outputs), tuple(weights), attrs, layer))
-
     norm = dict(eps=c.rms_eps)
     lp = c.n_layers * c.ple_dim
     e = act("x.embed", h)
@@ -158,18 +143,7 @@ def build_graph(
     add("gather_rows", "gather_rows", [x, "logit_rows"], [xr])
     xm = act("x.mean", h, n_logits)
     add("altup_unembed", "altup_unembed", [xr], [xm], ["altup_unembd_proj.weight"])
-    xn = act("x.final", h, n_logits)
-    add("output_norm", "rmsnorm", [xm], [xn], ["output_norm.weight"], **norm)
-    head = "token_embd.weight" if c.tie_embeddings else "output.weight"
-    logits = act("logits", c.vocab_size, n_logits)
-    if c.final_logit_softcap:
-        raw = act("logits.raw", c.vocab_size, n_logits)
-        add("lm_head", "matmul", [xn], [raw], [head])
-        add("logit_softcap", "softcap", [raw], [logits], (), cap=float(c.final_logit_softcap))
-    else:
-        add("lm_head", "matmul", [xn], [logits], [head])
-    used = {wn for op in ops for wn in op.weights}
-    return Graph(c, n_tokens, n_logits, ops, tensors, {k: weights[k] for k in used})
+    return b.head(xm)
 
 
 def _layer(c: ModelConfig, i: int, x: str, pli: str, act, add) -> str:
