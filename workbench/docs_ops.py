@@ -23,6 +23,7 @@ import textwrap
 import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ops.md"
@@ -202,13 +203,34 @@ def vulkan_shaders() -> dict[str, list[str]]:
 
     gemm = _gemm_kernels(VulkanBackend)
 
-    def kernels_of(body: Iterable[ast.AST], seen: set[str]) -> set[str]:
+    def helper(func: ast.AST, module: Any) -> Callable | None:
+        """The module-level function a call names (``mod.f`` or ``f``), if it is one."""
+        obj = None
+        if isinstance(func, ast.Name):
+            obj = getattr(module, func.id, None)
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            obj = getattr(getattr(module, func.value.id, None), func.attr, None)
+        return obj if inspect.isfunction(obj) else None
+
+    def kernels_of(body: Iterable[ast.AST], seen: set[str], me: str = "self", module: Any = None) -> set[str]:
+        """Kernels of the dispatches ``body`` adds through the builder ``me``: its ``add`` calls, the builder
+        methods it calls, and module functions it hands the builder to (``gemma3n.emit(self, op)``)."""
+        module = module or inspect.getmodule(Builder)
         out: set[str] = set()
         for stmt in body:
             for node in ast.walk(stmt):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                if not isinstance(node, ast.Call):
                     continue
-                if not (isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+                if node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == me:
+                    fn = helper(node.func, module)
+                    if fn is not None and fn.__qualname__ not in seen:
+                        tree = _source_tree(fn).body[0]
+                        arg = tree.args.args[0].arg  # type: ignore[attr-defined]
+                        out |= kernels_of(tree.body, seen | {fn.__qualname__}, arg, inspect.getmodule(fn))  # type: ignore[attr-defined]
+                    continue
+                if not isinstance(node.func, ast.Attribute):
+                    continue
+                if not (isinstance(node.func.value, ast.Name) and node.func.value.id == me):
                     continue
                 name = node.func.attr
                 if name == "add" and len(node.args) > 1:
@@ -218,7 +240,7 @@ def vulkan_shaders() -> dict[str, list[str]]:
                     elif isinstance(arg, ast.Attribute) and arg.attr == "gemm_kernel":
                         out |= gemm
                 elif name != "emit" and name not in seen and inspect.isfunction(getattr(Builder, name, None)):
-                    out |= kernels_of(_source_tree(getattr(Builder, name)).body, seen | {name})
+                    out |= kernels_of(_source_tree(getattr(Builder, name)).body, seen | {name}, "self", None)
         return out
 
     emit = _source_tree(Builder.emit).body[0]

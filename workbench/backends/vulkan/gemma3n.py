@@ -1,11 +1,12 @@
 """Dispatches of Gemma 3n's op kinds (docs/gemma3n.md) on the Vulkan backend: shaders/gemma3n.comp, one define
-per kind, plus the backend's matvec/GEMM for the AltUp projections and the sparse layers' skipping FFN.
+per kind, plus the backend's matvec/GEMM for the AltUp projections. ``Builder.emit`` calls the function
+named after each kind; :func:`fold` lets one dispatch do a neighbouring op's work (``gemma3n.fuse``).
 
 Each new kind is one dispatch per step (the AltUp projections, applied once per step, add their matvecs).
-On a sparse layer (``gaussian_topk`` on the gate) with ``ffn.sparse_skip`` on, the up projection computes
-only the rows whose top-k gate is non-zero, fused with ``gelu(gate) * up`` (matvec.comp ``SPARSE_UP``), and
-the down projection skips the 8-column chunks of its input that are all zero (``SKIP_ZERO``): see
-:func:`sparse_ffn`. How this was designed and what to measure: docs/backend-vulkan.md#gemma-3n.
+The sparse layers' skipping (``ffn.sparse_skip``: the up projection computes only the rows the Gaussian
+top-k kept, the down projection skips zero chunks of its input) lives in ``Builder`` (``sparse_up_of``) and
+matvec.comp (``SPARSE_UP``, ``SKIP_ZERO``). Kernels, tunables and what to measure:
+docs/backend-vulkan.md#gemma-3n.
 """
 
 from __future__ import annotations
@@ -121,111 +122,144 @@ def fold(b: Builder, op: Op) -> bool:
     return False
 
 
-def emit(b: Builder, op: Op) -> None:
-    """The dispatches of a Gemma 3n kind (``KINDS``)."""
-    k, a = op.kind, op.attrs
-    small = b.backend.small_offset
+def rmsnorm_plain(b: Builder, op: Op) -> None:
+    """Gemma 3n's V norm: left to the RoPE dispatch that stores K and V (rmsnorm.comp V_NORM, see
+    Builder.v_norms), else rmsnorm.comp NO_WEIGHT."""
+    a = op.attrs
+    users = _users(b, op.outputs[0])
+    if (
+        b.backend.tuning["gemma3n.fuse"]
+        and len(users) == 1
+        and users[0].kind == "attention"
+        and users[0].inputs[2] == op.outputs[0]
+    ):  # the V norm: done by the RoPE dispatch that stores K and V (rmsnorm.comp V_NORM), else before the store
+        b.v_norms[op.outputs[0]] = op
+        return
+    b.rmsnorm(op, op.inputs[0], op.outputs[0], None, a["eps"], op.attr("group"), weightless=True)
+
+
+def shared_kv_attention(b: Builder, op: Op) -> None:
+    """Attention over layer ``kv_layer``'s cache, which an earlier op of the step extended: no store."""
+    b.attention(op)
+
+
+def altup_expand(b: Builder, op: Op) -> None:
+    """The streams of the embedding: one matvec/GEMM of the (3H, H) stacked weight, then the rescale."""
+    e, y = op.inputs[0], op.outputs[0]
+    t, h = b.rows(e), b.widths[e]
+    proj = b.tmp(f"{op.name}:proj", t, 3 * h)
+    b.matmul(op, e, proj, op.weights[0])
+    dispatch(b, op, "ALTUP_EXPAND", (4, t, 1), [e, proj], [y], a_off=b.ref(e), a_stride=h, b_off=b.ref(proj),
+             b_stride=3 * h, c_off=b.ref(proj, h), c_stride=3 * h, d_off=b.ref(proj, 2 * h), d_stride=3 * h,
+             y_off=b.ref(y), y_stride=b.widths[y], width=h)  # fmt: skip
+
+
+def altup_unembed(b: Builder, op: Op) -> None:
+    """The streams' mean: split streams 1..3, one matvec per stacked matrix, rescale and mean."""
     wg = _wg(b)
-    if k == "rmsnorm_plain":
-        users = _users(b, op.outputs[0])
-        if (
-            b.backend.tuning["gemma3n.fuse"]
-            and len(users) == 1
-            and users[0].kind == "attention"
-            and users[0].inputs[2] == op.outputs[0]
-        ):  # the V norm: done by the RoPE dispatch that stores K and V (rmsnorm.comp V_NORM), else before the store
-            b.v_norms[op.outputs[0]] = op
-            return
-        b.rmsnorm(op, op.inputs[0], op.outputs[0], None, a["eps"], op.attr("group"), weightless=True)
-    elif k == "shared_kv_attention":
-        b.attention(op)
-    elif k == "altup_expand":
-        e, y = op.inputs[0], op.outputs[0]
-        t, h = b.rows(e), b.widths[e]
-        proj = b.tmp(f"{op.name}:proj", t, 3 * h)
-        b.matmul(op, e, proj, op.weights[0])
-        dispatch(b, op, "ALTUP_EXPAND", (4, t, 1), [e, proj], [y], a_off=b.ref(e), a_stride=h, b_off=b.ref(proj),
-                 b_stride=3 * h, c_off=b.ref(proj, h), c_stride=3 * h, d_off=b.ref(proj, 2 * h), d_stride=3 * h,
-                 y_off=b.ref(y), y_stride=b.widths[y], width=h)  # fmt: skip
-    elif k == "altup_unembed":
-        x, y = op.inputs[0], op.outputs[0]
-        r, h = b.rows(x), b.widths[y]
-        ins = [b.tmp(f"{op.name}:in{i}", r, h) for i in (1, 2, 3)]
-        outs = [b.tmp(f"{op.name}:proj{i}", r, h) for i in (1, 2, 3)]
-        views = {f"{n}_off": b.ref(t) for n, t in zip("bcd", ins)} | {f"{n}_stride": h for n in "bcd"}
-        dispatch(b, op, "ALTUP_SPLIT", (-(-h // wg), r, 3), [x], ins, a_off=b.ref(x), a_stride=b.widths[x],
-                 width=h, **views)  # fmt: skip
-        for i in range(3):
-            b.matmul(op, ins[i], outs[i], b.backend.weight_slice(op.weights[0], i))
-        views = {f"{n}_off": b.ref(t) for n, t in zip("bcd", outs)} | {f"{n}_stride": h for n in "bcd"}
-        dispatch(b, op, "ALTUP_UNEMBED", (1, r, 1), [x, *outs], [y], a_off=b.ref(x), a_stride=b.widths[x],
-                 y_off=b.ref(y), y_stride=h, width=h, **views)  # fmt: skip
-    elif k in ("altup_predict", "altup_correct"):
-        h = b.widths[op.outputs[1]]
-        t = b.rows(op.outputs[1])
-        split = max(1, min(b.backend.tuning["altup.split"], -(-h // wg)))
-        w = op.weights
-        common = dict(width=h, eps=a["eps"], w_off=small(w[0]), w2_off=small(w[1]), w3_off=small(w[2]))
-        s, out = op.outputs
-        if k == "altup_predict":
-            x = op.inputs[0]
-            dispatch(b, op, "ALTUP_PREDICT", (split, t, 1), [x], [s, out], a_off=b.ref(x), a_stride=b.widths[x],
-                     y_off=b.ref(s), y_stride=b.widths[s], z_off=b.ref(out), z_stride=h, **common)  # fmt: skip
-        else:
-            p, z = op.inputs
-            dispatch(b, op, "ALTUP_CORRECT", (split, t, 1), [p, z], [s, out], a_off=b.ref(p), a_stride=b.widths[p],
-                     b_off=b.ref(z), b_stride=b.widths[z], y_off=b.ref(s), y_stride=b.widths[s], z_off=b.ref(out),
-                     z_stride=h, w4_off=small(w[3]), **common)  # fmt: skip
-    elif k == "laurel_residual":
-        y = op.outputs[0]
-        h, t = b.widths[y], b.rows(y)
-        norms = _laurel_norms(b, op)
-        ins = list(op.inputs)
-        if norms:  # read the norms' inputs, normalize here
-            ins[1], ins[3] = norms[0].inputs[0], norms[1].inputs[0]
-        views = {f"{n}_off": b.ref(x) for n, x in zip("abcd", ins)}
-        views |= {f"{n}_stride": b.widths[x] for n, x in zip("abcd", ins)}
-        if norms:
-            dispatch(b, op, "LAUREL_NORM", (1, t, 1), ins, [y], y_off=b.ref(y), y_stride=h, width=h,
-                     w_off=small(norms[0].weights[0]), w2_off=small(norms[1].weights[0]), eps=norms[0].attrs["eps"],
-                     **views)  # fmt: skip
-        else:
-            dispatch(b, op, "LAUREL", (-(-h // wg), t, 1), ins, [y], y_off=b.ref(y), y_stride=h, width=h,
-                     **views)  # fmt: skip
-    elif k == "gaussian_topk":
-        g, y = op.inputs[0], op.outputs[0]
-        dispatch(b, op, "TOPK", (1, b.rows(g), 1), [g], [y], a_off=b.ref(g), a_stride=b.widths[g], y_off=b.ref(y),
-                 y_stride=b.widths[y], width=b.widths[g], scale=a["std_multiplier"])  # fmt: skip
-    elif k == "ple_project":
-        proj, rows = op.inputs
-        y = op.outputs[0]
-        p = a["group"]
-        dispatch(b, op, "PLE_PROJECT", (b.widths[y] // p, b.rows(y), 1), [proj, rows], [y], a_off=b.ref(proj),
-                 a_stride=b.widths[proj], b_off=b.ref(rows), b_stride=b.widths[rows], y_off=b.ref(y),
-                 y_stride=b.widths[y], width=p, w_off=small(op.weights[0]), eps=a["eps"], scale=a["scale"])  # fmt: skip
-    elif k == "ple_gate":
-        g, pli = op.inputs
-        y = op.outputs[0]
-        p = b.widths[g]
-        push = dict(a_off=b.ref(g), a_stride=p, b_off=b.ref(pli, op.layer * p), b_stride=b.widths[pli], y_off=b.ref(y),
-                    y_stride=b.widths[y], width=p, rows=b.rows(y), cap=0.0)  # fmt: skip
-        groups = (-(-p // b.backend.tuning["eltwise.wg"]), b.rows(y), 1)
-        b.add(op, "eltwise", push, groups, [g, pli], [y], ["OP_GELU_MUL"])
-    elif k == "ple_inject":
-        x, r = op.inputs
-        y = op.outputs[0]
-        h = b.widths[r]
-        norm = _folded_norm(b, r)
-        if norm is not None:
-            r = norm.inputs[0]
-            dispatch(b, op, "PLE_INJECT_NORM", (1, b.rows(y), 1), [x, r], [y], a_off=b.ref(x), a_stride=b.widths[x],
-                     b_off=b.ref(r), b_stride=b.widths[r], y_off=b.ref(y), y_stride=b.widths[y], width=h,
-                     w_off=small(norm.weights[0]), eps=norm.attrs["eps"])  # fmt: skip
-            return
-        dispatch(b, op, "PLE_INJECT", (-(-4 * h // wg), b.rows(y), 1), [x, r], [y], a_off=b.ref(x),
-                 a_stride=b.widths[x], b_off=b.ref(r), b_stride=h, y_off=b.ref(y), y_stride=b.widths[y], width=h)  # fmt: skip
+    x, y = op.inputs[0], op.outputs[0]
+    r, h = b.rows(x), b.widths[y]
+    ins = [b.tmp(f"{op.name}:in{i}", r, h) for i in (1, 2, 3)]
+    outs = [b.tmp(f"{op.name}:proj{i}", r, h) for i in (1, 2, 3)]
+    views = {f"{n}_off": b.ref(t) for n, t in zip("bcd", ins)} | {f"{n}_stride": h for n in "bcd"}
+    dispatch(b, op, "ALTUP_SPLIT", (-(-h // wg), r, 3), [x], ins, a_off=b.ref(x), a_stride=b.widths[x],
+             width=h, **views)  # fmt: skip
+    for i in range(3):
+        b.matmul(op, ins[i], outs[i], b.backend.weight_slice(op.weights[0], i))
+    views = {f"{n}_off": b.ref(t) for n, t in zip("bcd", outs)} | {f"{n}_stride": h for n in "bcd"}
+    dispatch(b, op, "ALTUP_UNEMBED", (1, r, 1), [x, *outs], [y], a_off=b.ref(x), a_stride=b.widths[x],
+             y_off=b.ref(y), y_stride=h, width=h, **views)  # fmt: skip
+
+
+def altup(b: Builder, op: Op) -> None:
+    """AltUp predict or correct: one dispatch, every workgroup computing the router (``altup.split`` per token)."""
+    a = op.attrs
+    small, wg = b.backend.small_offset, _wg(b)
+    k = op.kind
+    h = b.widths[op.outputs[1]]
+    t = b.rows(op.outputs[1])
+    split = max(1, min(b.backend.tuning["altup.split"], -(-h // wg)))
+    w = op.weights
+    common = dict(width=h, eps=a["eps"], w_off=small(w[0]), w2_off=small(w[1]), w3_off=small(w[2]))
+    s, out = op.outputs
+    if k == "altup_predict":
+        x = op.inputs[0]
+        dispatch(b, op, "ALTUP_PREDICT", (split, t, 1), [x], [s, out], a_off=b.ref(x), a_stride=b.widths[x],
+                 y_off=b.ref(s), y_stride=b.widths[s], z_off=b.ref(out), z_stride=h, **common)  # fmt: skip
     else:
-        raise UnsupportedOpError(f"vulkan backend: op {op.name!r} has unsupported kind {op.kind!r}")
+        p, z = op.inputs
+        dispatch(b, op, "ALTUP_CORRECT", (split, t, 1), [p, z], [s, out], a_off=b.ref(p), a_stride=b.widths[p],
+                 b_off=b.ref(z), b_stride=b.widths[z], y_off=b.ref(s), y_stride=b.widths[s], z_off=b.ref(out),
+                 z_stride=h, w4_off=small(w[3]), **common)  # fmt: skip
+
+
+def laurel_residual(b: Builder, op: Op) -> None:
+    """The LAuReL residual, with both post-norms folded in where ``fold`` left them (``gemma3n.fuse``)."""
+    small, wg = b.backend.small_offset, _wg(b)
+    y = op.outputs[0]
+    h, t = b.widths[y], b.rows(y)
+    norms = _laurel_norms(b, op)
+    ins = list(op.inputs)
+    if norms:  # read the norms' inputs, normalize here
+        ins[1], ins[3] = norms[0].inputs[0], norms[1].inputs[0]
+    views = {f"{n}_off": b.ref(x) for n, x in zip("abcd", ins)}
+    views |= {f"{n}_stride": b.widths[x] for n, x in zip("abcd", ins)}
+    if norms:
+        dispatch(b, op, "LAUREL_NORM", (1, t, 1), ins, [y], y_off=b.ref(y), y_stride=h, width=h,
+                 w_off=small(norms[0].weights[0]), w2_off=small(norms[1].weights[0]), eps=norms[0].attrs["eps"],
+                 **views)  # fmt: skip
+    else:
+        dispatch(b, op, "LAUREL", (-(-h // wg), t, 1), ins, [y], y_off=b.ref(y), y_stride=h, width=h,
+                 **views)  # fmt: skip
+
+
+def gaussian_topk(b: Builder, op: Op) -> None:
+    """The Gaussian top-k of a sparse layer's gate: one workgroup per token."""
+    a = op.attrs
+    g, y = op.inputs[0], op.outputs[0]
+    dispatch(b, op, "TOPK", (1, b.rows(g), 1), [g], [y], a_off=b.ref(g), a_stride=b.widths[g], y_off=b.ref(y),
+             y_stride=b.widths[y], width=b.widths[g], scale=a["std_multiplier"])  # fmt: skip
+
+
+def ple_project(b: Builder, op: Op) -> None:
+    """Every layer's per-layer input: one workgroup per (layer, token)."""
+    a = op.attrs
+    small = b.backend.small_offset
+    proj, rows = op.inputs
+    y = op.outputs[0]
+    p = a["group"]
+    dispatch(b, op, "PLE_PROJECT", (b.widths[y] // p, b.rows(y), 1), [proj, rows], [y], a_off=b.ref(proj),
+             a_stride=b.widths[proj], b_off=b.ref(rows), b_stride=b.widths[rows], y_off=b.ref(y),
+             y_stride=b.widths[y], width=p, w_off=small(op.weights[0]), eps=a["eps"], scale=a["scale"])  # fmt: skip
+
+
+def ple_gate(b: Builder, op: Op) -> None:
+    """gelu(g) * the layer's slice of the per-layer inputs (eltwise.comp; in decode steps GATE_MUL of the
+    inp_gate matvec does it instead, see ``fold``)."""
+    g, pli = op.inputs
+    y = op.outputs[0]
+    p = b.widths[g]
+    push = dict(a_off=b.ref(g), a_stride=p, b_off=b.ref(pli, op.layer * p), b_stride=b.widths[pli], y_off=b.ref(y),
+                y_stride=b.widths[y], width=p, rows=b.rows(y), cap=0.0)  # fmt: skip
+    groups = (-(-p // b.backend.tuning["eltwise.wg"]), b.rows(y), 1)
+    b.add(op, "eltwise", push, groups, [g, pli], [y], ["OP_GELU_MUL"])
+
+
+def ple_inject(b: Builder, op: Op) -> None:
+    """The PLE added to streams 1..3, with the post-norm folded in where ``fold`` left it."""
+    small, wg = b.backend.small_offset, _wg(b)
+    x, r = op.inputs
+    y = op.outputs[0]
+    h = b.widths[r]
+    norm = _folded_norm(b, r)
+    if norm is not None:
+        r = norm.inputs[0]
+        dispatch(b, op, "PLE_INJECT_NORM", (1, b.rows(y), 1), [x, r], [y], a_off=b.ref(x), a_stride=b.widths[x],
+                 b_off=b.ref(r), b_stride=b.widths[r], y_off=b.ref(y), y_stride=b.widths[y], width=h,
+                 w_off=small(norm.weights[0]), eps=norm.attrs["eps"])  # fmt: skip
+        return
+    dispatch(b, op, "PLE_INJECT", (-(-4 * h // wg), b.rows(y), 1), [x, r], [y], a_off=b.ref(x),
+             a_stride=b.widths[x], b_off=b.ref(r), b_stride=h, y_off=b.ref(y), y_stride=b.widths[y], width=h)  # fmt: skip
 
 
 def small_matmul(b: Builder, op: Op, x: str, y: str, wname: str) -> None:

@@ -510,8 +510,6 @@ class Builder:
 
     # -- ops -------------------------------------------------------------------------------------
     def emit(self, op: Op) -> None:
-        if gemma3n.fold(self, op):
-            return
         k = op.kind
         small = lambda x: self.rows(x) <= self.backend.tuning["matvec.max_tokens"]  # noqa: E731
         if k == "embed":
@@ -572,8 +570,26 @@ class Builder:
             else:
                 self.matmul(op, mm.inputs[0], tmp, mm.weights[0])
                 self.rmsnorm(op, tmp, op.outputs[0], norm.weights[0], norm.attrs["eps"], residual=residual)
-        elif k in gemma3n.KINDS:
-            gemma3n.emit(self, op)
+        elif k == "rmsnorm_plain":  # Gemma 3n's kinds (gemma3n.py)
+            gemma3n.rmsnorm_plain(self, op)
+        elif k == "shared_kv_attention":
+            gemma3n.shared_kv_attention(self, op)
+        elif k == "altup_expand":
+            gemma3n.altup_expand(self, op)
+        elif k == "altup_unembed":
+            gemma3n.altup_unembed(self, op)
+        elif k in ("altup_predict", "altup_correct"):
+            gemma3n.altup(self, op)
+        elif k == "laurel_residual":
+            gemma3n.laurel_residual(self, op)
+        elif k == "gaussian_topk":
+            gemma3n.gaussian_topk(self, op)
+        elif k == "ple_project":
+            gemma3n.ple_project(self, op)
+        elif k == "ple_gate":
+            gemma3n.ple_gate(self, op)
+        elif k == "ple_inject":
+            gemma3n.ple_inject(self, op)
         elif "parts" in op.attrs:
             first = len(self.dispatches)
             for part in op.attrs["parts"]:
@@ -607,7 +623,8 @@ class Builder:
     def build(self) -> tuple[list[Dispatch], dict[str, int], int]:
         """(dispatches, arena offsets, arena floats); pinned tensors must be zeroed once before the first run."""
         for op in self.graph.ops:
-            self.emit(op)
+            if not gemma3n.fold(self, op):  # folded: done by another op's dispatch
+                self.emit(op)
         logits = self.graph.outputs[0]
         if self.greedy:
             self.argmax(logits)
