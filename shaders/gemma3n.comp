@@ -15,6 +15,11 @@
 //   OP_PLE_PROJECT    (L, T)       y = (rmsnorm(a * scale; w) + b) / sqrt(2) over each layer's `width` values
 //   OP_PLE_INJECT     (ceil(4H/WG), T)  y = a with b added to streams 1..3
 //   OP_PLE_INJECT_NORM (1, T)      the same with b RMS-normalized here (weight w_off): the post-norm folded in
+//   OP_DOWN_T         (ceil(H/2/WG), splits)  a sparse layer's down projection from its transposed float16 copy
+//                     (binding 0, F rows of H): split s sums a[u] * Wt[u] over its `w_off` units u, skipping
+//                     those that are zero for every token (c_stride tokens), into partials y[s][t]
+//   OP_DOWN_T_REDUCE  (1, T)       y = b + rmsnorm(sum of the `n` splits' partials a; w_off): the post-norm and
+//                                  residual add of the down projection
 //   OP_MATMUL_SMALL   (ceil(N/WG), T)   y = a @ W.T, W (N, width) float32 in smalls (weights too narrow for matvec)
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -201,6 +206,39 @@ void main() {
     float v = act[pc.a_off + t * pc.a_stride + i];
     if (i >= H) v += act[pc.b_off + t * pc.b_stride + i % H];
     act[pc.y_off + t * pc.y_stride + i] = v;
+#elif defined(OP_DOWN_T)
+    uint H2 = pc.width / 2u, j = gl_GlobalInvocationID.x, s = gl_WorkGroupID.y, T = pc.c_stride;
+    uint u0 = s * pc.w_off, u1 = min(pc.n, u0 + pc.w_off);
+    vec2 acc[8];
+    for (uint t = 0u; t < 8u; ++t) acc[t] = vec2(0.0);
+    for (uint u = u0; u < u1; ++u) {
+        float f[8];
+        bool kept = false;
+        for (uint t = 0u; t < T; ++t) {
+            f[t] = act[pc.a_off + t * pc.a_stride + u];
+            kept = kept || f[t] != 0.0;
+        }
+        if (!kept || j >= H2) continue;  // a unit the top-k zeroed: its row of the weight is not read
+        vec2 w = unpackHalf2x16(w32[u * H2 + j]);
+        for (uint t = 0u; t < T; ++t) acc[t] += f[t] * w;
+    }
+    if (j >= H2) return;
+    for (uint t = 0u; t < T; ++t) {
+        uint yb = pc.y_off + (s * T + t) * pc.width + 2u * j;
+        act[yb] = acc[t].x;
+        act[yb + 1u] = acc[t].y;
+    }
+#elif defined(OP_DOWN_T_REDUCE)
+    uint H = pc.width, T = pc.c_stride, yb = pc.y_off + t * pc.y_stride, rb = pc.b_off + t * pc.b_stride;
+    float ss = 0.0;
+    for (uint h = tid; h < H; h += WG) {
+        float v = 0.0;
+        for (uint s = 0u; s < pc.n; ++s) v += act[pc.a_off + (s * T + t) * H + h];
+        act[yb + h] = v;  // read back by this invocation only
+        ss += v * v;
+    }
+    float inv = 1.0 / sqrt(wg_sum(vec4(ss, 0.0, 0.0, 0.0)).x / float(H) + pc.eps);
+    for (uint h = tid; h < H; h += WG) act[yb + h] = act[rb + h] + act[yb + h] * inv * smalls[pc.w_off + h];
 #elif defined(OP_MATMUL_SMALL)
     uint r = gl_GlobalInvocationID.x, K = pc.width;
     if (r >= pc.n) return;

@@ -28,25 +28,32 @@ def models() -> dict[str, wb.Model]:
 
 
 def _sparse_dispatches(ev: wb.Engine) -> set[str]:
-    """The sparse-layer defines (SPARSE_UP, SKIP_ZERO) of every recorded program's dispatches."""
+    """The sparse-layer defines (SPARSE_UP, SKIP_ZERO, OP_DOWN_T) of every recorded program's dispatches."""
     return {
         d
         for p in ev.backend.programs.values()
         for x in p.dispatches
         for d in x.defines
-        if d in ("SPARSE_UP", "SKIP_ZERO")
+        if d in ("SPARSE_UP", "SKIP_ZERO", "OP_DOWN_T")
     }
 
 
 @pytest.mark.parametrize(
-    "name,skip,fuse",
-    [(n, 1, 1) for n in MODELS] + [("e2b_pattern", 0, 1), ("gqa_softcap", 0, 1), ("e2b_pattern", 1, 0)],
+    "name,skip,fuse,down_t",
+    [(n, 1, 1, 1) for n in MODELS]
+    + [
+        ("e2b_pattern", 0, 1, 1),
+        ("gqa_softcap", 0, 1, 1),
+        ("e2b_pattern", 1, 0, 1),
+        ("gqa_softcap", 1, 1, 0),
+    ],
 )
-def test_logits_match_numpy(models, name, skip, fuse):
+def test_logits_match_numpy(models, name, skip, fuse, down_t):
     """Prefill (all logits, GEMM path), a 4-token step (batched matvec) and single tokens equal numpy, with
-    the sparse layers' skipping on and off (the dense twin) and Gemma 3n's folded dispatches on and off."""
+    the sparse layers' skipping on and off (the dense twin; the down projection by transposed rows or by
+    zero chunks) and Gemma 3n's folded dispatches on and off."""
     model = models[name]
-    tune = f"ffn.sparse_skip={skip},gemma3n.fuse={fuse}"
+    tune = f"ffn.sparse_skip={skip},gemma3n.fuse={fuse},ffn.down_t={down_t}"
     en, ev = wb.Engine(model, "numpy"), vulkan_engine(model, tune=tune)
     sn, sv = en.new_sequence(), ev.new_sequence()
     assert_close(ev.forward(sv, TOKENS, logits="all"), en.forward(sn, TOKENS, logits="all"), REL)
@@ -56,7 +63,8 @@ def test_logits_match_numpy(models, name, skip, fuse):
         tok = (37 * t + 11) % model.config.vocab_size
         assert_close(ev.forward(sv, [tok]), en.forward(sn, [tok]), REL)
     sparse = any(s > 0 for s in model.config.activation_sparsity)
-    assert _sparse_dispatches(ev) == ({"SPARSE_UP", "SKIP_ZERO"} if skip and sparse else set())
+    down = "OP_DOWN_T" if down_t else "SKIP_ZERO"
+    assert _sparse_dispatches(ev) == ({"SPARSE_UP", down} if skip and sparse else set())
     folded = {d for p in ev.backend.programs.values() for x in p.dispatches for d in x.defines}
     folded &= {"OP_LAUREL_NORM", "OP_PLE_INJECT_NORM", "GATE_MUL", "V_NORM"}
     assert folded == ({"OP_LAUREL_NORM", "OP_PLE_INJECT_NORM", "GATE_MUL", "V_NORM"} if fuse else set())

@@ -19,9 +19,11 @@ import numpy as np
 from tqdm import tqdm
 
 from ...models.model import Model
+from ...models.weights import QTensor
 from ...ops.fusion import fuse
 from ...ops.graph import Graph, Op
 from ...ops.reference import rope_inv_freq
+from ...quant.formats import GGMLType
 from ..base import (
     Backend,
     BackendUnavailableError,
@@ -270,6 +272,19 @@ class VulkanBackend(Backend):
 
     def weight(self, name: str) -> DeviceWeight:
         return self._weights[name]
+
+    def weight_transposed(self, name: str) -> str:
+        """The name of a float16 copy of matrix ``name`` transposed (uploaded on first use, into the same
+        memory role): Gemma 3n's sparse down projections read it by unit (``ffn.down_t``)."""
+        key = f"{name}^T"
+        if key not in self._weights:
+            wt = np.ascontiguousarray(self.model.weights[name].dequantize().astype(np.float32).T).astype(
+                np.float16
+            )
+            q = QTensor(key, GGMLType.F16, wt.shape, loader=lambda: wt.view(np.uint8))
+            limit = self.dev.features.max_storage_buffer_range
+            self._weights[key] = upload_weight(q, self.transfers, limit, self._weights[name].role)
+        return key
 
     def weight_slice(self, name: str, index: int) -> str:
         """The name of matrix ``index`` of a 3-D weight (uploaded on first use as a weight of its own):

@@ -208,6 +208,11 @@ PROGRAM_TUNABLES = {
     # sparse layers: the up projection computes only the rows the Gaussian top-k kept and the down
     # projection skips the zero chunks of its input (0: the dense twin, every row and column)
     "ffn.sparse_skip": 1,
+    # with ffn.sparse_skip: the down projection reads a float16 transposed copy of the weight (units as rows),
+    # only the kept units' rows (0: the row-major weight, zero chunks skipped); ffn.down_split workgroup rows
+    # share the units
+    "ffn.down_t": 1,
+    "ffn.down_split": 32,
     # the per-layer-embedding table (E2B: 262,144 x 7,680) in host-visible memory, read one row per token,
     # leaving the device-local heap to the weights that are streamed (0: placed like any other weight)
     "ple.host": 1,
@@ -226,6 +231,7 @@ SWITCHES = (
     "matvec.quant_out",
     "kv.fp16",
     "ffn.sparse_skip",
+    "ffn.down_t",
     "ple.host",
     "gemma3n.fuse",
 )

@@ -564,7 +564,9 @@ class Builder:
             residual = next(t for t in add.inputs if t != norm.outputs[0])
             w = self.backend.weight(mm.weights[0])
             sparse = mm.inputs[0] in self.sparse_acts
-            if small(mm.inputs[0]) and len(w.parts) == 1 and self.backend.tuning["matvec.post_norm"]:
+            if sparse and small(mm.inputs[0]) and self.backend.tuning["ffn.down_t"]:
+                gemma3n.sparse_down(self, op, mm, norm, residual)
+            elif small(mm.inputs[0]) and len(w.parts) == 1 and self.backend.tuning["matvec.post_norm"]:
                 post = (norm.weights[0], norm.attrs["eps"], residual, op.outputs[0])
                 self.projection(op, mm.inputs[0], tmp, mm.weights[0], post=post, skip_zero=sparse)
             else:
