@@ -118,3 +118,34 @@ def test_limits_cli_takes_the_presets(name, capsys):
 
     assert main(["limits", "-m", name, "-d", "780m", "--json"]) == 0
     assert name in capsys.readouterr().out
+
+
+def test_placement_of_e2b_with_and_without_the_sparse_skip():
+    """E2B's graph places (the seeds' plan: layers 0-9 on the NPU); the projected skip of the sparse layers'
+    up/down units speeds decode on every device and leaves Gemma 3 and prefill alone."""
+    from workbench.runtime.placement import kept_units, project
+
+    c = preset("gemma3n-e2b")
+    specs = weight_specs_for(c, "q4_k_m")
+    graph = build_graph(c, specs, 1, 1)
+    assert kept_units(graph.op("blk.0.ffn_up"), graph) == 448  # 8192 * 0.05 = 409.6, rounded up to 64s
+    assert (
+        kept_units(graph.op("blk.10.ffn_up"), graph) is None
+        and kept_units(graph.op("blk.0.ffn_gate"), graph) is None
+    )
+    for strategy, first_n in (("all-igpu", None), ("npu-first-N-layers", 10)):
+        dense = project(c, specs, strategy, first_n=first_n)
+        skip = project(c, specs, strategy, first_n=first_n, sparse_skip=True)
+        assert skip.tokens_per_s > 1.05 * dense.tokens_per_s
+        assert any("sparse skip projected" in t.how for t in skip.tasks)
+    pre = [
+        project(c, specs, "all-igpu", "prefill", prompt_tokens=64, sparse_skip=s).tokens_per_s
+        for s in (False, True)
+    ]
+    assert pre[0] == pre[1]
+    g3 = preset("gemma3-270m")
+    g3_specs = weight_specs_for(g3, "q4_k_m")
+    assert (
+        project(g3, g3_specs, "all-igpu").tokens_per_s
+        == project(g3, g3_specs, "all-igpu", sparse_skip=True).tokens_per_s
+    )

@@ -154,6 +154,46 @@ def op_seconds(
     return roofline_seconds(op, graph, positions, prof), f"projected (roofline, {prof.key})"
 
 
+SPARSE_KINDS = ("ffn_up", "ffn_down")  # the projections a sparse layer's skipping reads only in part
+SPARSE_ROUND = 64  # kept units rounded up to this, a shape NPU designs take
+
+
+def kept_units(op: Op, graph: Graph) -> int | None:
+    """Units a decode step's skipping keeps in ``op`` (a sparse layer's up or down projection): the FFN
+    width times 1 - the layer's sparsity, rounded up to :data:`SPARSE_ROUND`; None for any other op."""
+    c = graph.config
+    if op.layer is None or op.name.rsplit(".", 1)[-1] not in SPARSE_KINDS or not c.activation_sparsity:
+        return None
+    s = c.activation_sparsity[op.layer]
+    if s <= 0:
+        return None
+    return min(c.ffn, -(-int(np.ceil(c.ffn * (1 - s))) // SPARSE_ROUND) * SPARSE_ROUND)
+
+
+def sparse_op_seconds(
+    op: Op, graph: Graph, positions: np.ndarray, device: str, platform: Platform, npu_dtype: str, kept: int
+) -> tuple[float, str]:
+    """(seconds, how) of a sparse layer's up/down projection reading only the ``kept`` units (decode):
+    on the NPU the design of the kept rows (up) or columns (down), on a GPU/CPU the dense time scaled by
+    the share kept. Projections of a kernel that gathers the kept units; no such design or kernel was run."""
+    ffn = graph.config.ffn
+    note = f"; sparse skip projected: {kept} of {ffn} units"
+    if device == "npu":
+        from ..backends.npu import designs
+        from ..backends.npu.arch import get_array
+        from ..backends.npu.cost import estimate
+
+        array = get_array(platform.profiles["npu"])
+        x = graph.tensors[op.inputs[0]].shape
+        n_out = sum(graph.weights[w].shape[0] for w in op.weights)
+        up = op.name.endswith("ffn_up")
+        sched = designs.matmul_design(array, x[0], kept if up else n_out, x[1] if up else kept, npu_dtype)
+        est = estimate(sched, array)
+        return est.seconds, est.how + note
+    sec, how = op_seconds(op, graph, positions, device, platform, npu_dtype)
+    return DISPATCH_S + (sec - DISPATCH_S) * kept / ffn, how + note
+
+
 def transfer_seconds(nbytes: int, src: str, dst: str, platform: Platform) -> tuple[float, str]:
     """Modeled seconds of moving a tensor from ``src`` to ``dst``: zero-copy sync or a PCIe copy."""
     if platform.unified(src, dst):
@@ -286,13 +326,16 @@ def project(
     npu_dtype: str = "int8",
     first_n: int | None = None,
     npu_launch: str = "op",
+    sparse_skip: bool = False,
 ) -> PhaseResult:
     """Tokens/s and J/token of one phase of ``strategy`` on ``platform``, from the cost models alone.
 
     Decode: one token per sequence at ``context`` tokens of history; prefill: a ``prompt_tokens`` prompt.
     ``sequences`` independent sequences are interleaved (their tokens add up; devices overlap).
     ``npu_launch``: ``op`` (one XRT launch per NPU op, as the npu backend runs) or ``segment`` (consecutive
-    NPU ops share one launch, as a runlist of fused designs would).
+    NPU ops share one launch, as a runlist of fused designs would). ``sparse_skip``: decode steps of a model
+    with sparse layers (Gemma 3n) read only the up-projection rows and down-projection columns of the units
+    the Gaussian top-k keeps (:func:`sparse_op_seconds`, projected on every device).
     """
     if npu_launch not in ("op", "segment"):
         raise ValueError(f"npu_launch must be op or segment, got {npu_launch!r}")
@@ -310,7 +353,11 @@ def project(
     prev = {b.name: a for a, b in zip(graph.ops, graph.ops[1:])}
 
     def op_time(op: Op, dev: str) -> tuple[float, str]:
-        sec, how = op_seconds(op, graph, positions, dev, plat, dt)
+        kept = kept_units(op, graph) if sparse_skip and phase == "decode" else None
+        if kept is not None:
+            sec, how = sparse_op_seconds(op, graph, positions, dev, plat, dt, kept)
+        else:
+            sec, how = op_seconds(op, graph, positions, dev, plat, dt)
         before = prev.get(op.name)
         if (
             dev == "npu"
@@ -346,6 +393,7 @@ def sweep(
     first_n: int | None = None,
     npu_launch: str = "op",
     progress: bool = False,
+    sparse_skip: bool = False,
 ) -> list[dict]:
     """One row per (model, strategy): decode and prefill tokens/s and J/token (config only, no weights)."""
     from tqdm import tqdm
@@ -366,8 +414,8 @@ def sweep(
             first_n=first_n,
             npu_launch=npu_launch,
         )
-        dec = project(cfg, specs, strat, "decode", **kw)
-        dec_n = project(cfg, specs, strat, "decode", sequences=sequences, **kw)
+        dec = project(cfg, specs, strat, "decode", sparse_skip=sparse_skip, **kw)
+        dec_n = project(cfg, specs, strat, "decode", sequences=sequences, sparse_skip=sparse_skip, **kw)
         pre = project(cfg, specs, strat, "prefill", **kw)
         rows.append(
             {
@@ -376,6 +424,7 @@ def sweep(
                 "platform": platform,
                 "npu_dtype": npu_dtype,
                 "npu_launch": npu_launch,
+                "sparse_skip": sparse_skip,
                 "decode_tok_s": dec.tokens_per_s,
                 "decode_j_per_token": dec.j_per_token,
                 f"decode_tok_s_{sequences}seq": dec_n.tokens_per_s,
