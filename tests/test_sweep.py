@@ -340,6 +340,7 @@ TINY = {
         "first_n_splits": [10],
         "strategies": ["all-igpu"],
         "npu_launches": ["op"],
+        "sparse_skip_projection": [True],
     },
 }
 
