@@ -106,6 +106,11 @@ def test_caches_only_for_owning_layers_and_ple_table_host_visible(models):
         assert kv.layers[i] is kv.layers[c.kv_layer(i)]
     assert ev.backend.weight("per_layer_token_embd.weight").role == "host"
     assert ev.backend.weight("token_embd.weight").role == "device"
+    # the sparse layers' transposed down weights (ffn.down_t) are placed and uploaded with the others
+    sparse = [i for i, s in enumerate(c.activation_sparsity) if s > 0]
+    assert {n for n in ev.backend.device.details["tunables"]} >= {"ffn.down_t", "ffn.sparse_skip"}
+    for i in range(c.n_layers):
+        assert (f"blk.{i}.ffn_down.weight^T" in ev.backend.weights_plan.roles) == (i in sparse)
     assert (
         vulkan_engine(model, tune="ple.host=0").backend.weight("per_layer_token_embd.weight").role == "device"
     )

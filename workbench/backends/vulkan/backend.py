@@ -222,6 +222,9 @@ class VulkanBackend(Backend):
         mode = self.tunable("weights.heap", "auto")
         budget = check_tunables(mode, self._tune.get("weights.device_budget_mb"))
         sizes = {n: device_bytes(m.weights[n], limit) for n in mats}
+        # Gemma 3n's sparse down projections also get a float16 transposed copy (ffn.down_t), planned here
+        transposed = self._sparse_down_weights()
+        sizes |= {f"{n}^T": 2 * m.weights[n].rows * m.weights[n].cols for n in transposed}
         # the per-layer embedding table is read one row per token: host-visible memory costs a decode step
         # ~L*P*2 bytes over the bus and leaves the device-local heap to the streamed weights (ple.host)
         ple = PLE_TABLE in sizes and mode != "device" and self.tuning["ple.host"]
@@ -236,6 +239,8 @@ class VulkanBackend(Backend):
             self._weights[n] = upload_weight(m.weights[n], self.transfers, limit, self.weights_plan.roles[n])
             bar.update(m.weights[n].nbytes)
         bar.close()
+        for n in transposed:
+            self._upload_transposed(n, self.weights_plan.roles[f"{n}^T"])
         self._small_off: dict[str, int] = {}
         chunks, off = [], 0
         for n in vecs:
@@ -273,17 +278,29 @@ class VulkanBackend(Backend):
     def weight(self, name: str) -> DeviceWeight:
         return self._weights[name]
 
+    def _sparse_down_weights(self) -> list[str]:
+        """The down weights of Gemma 3n's sparse layers when they are read by unit (``ffn.sparse_skip`` and
+        ``ffn.down_t``), whose transposed copies are placed and uploaded with the other weights."""
+        c, t = self.model.config, self.tuning
+        if not (c.altup_inputs and t["ffn.sparse_skip"] and t["ffn.down_t"]):
+            return []
+        names = [f"blk.{i}.ffn_down.weight" for i, s in enumerate(c.activation_sparsity) if s > 0]
+        return [n for n in names if n in self.model.weights]
+
+    def _upload_transposed(self, name: str, role: str) -> None:
+        """Upload a float16 copy of matrix ``name`` transposed, as weight ``name^T``."""
+        w = self.model.weights[name].dequantize().astype(np.float32)
+        wt = np.ascontiguousarray(w.T).astype(np.float16)
+        q = QTensor(f"{name}^T", GGMLType.F16, wt.shape, loader=lambda: wt.view(np.uint8))
+        limit = self.dev.features.max_storage_buffer_range
+        self._weights[q.name] = upload_weight(q, self.transfers, limit, role)
+
     def weight_transposed(self, name: str) -> str:
-        """The name of a float16 copy of matrix ``name`` transposed (uploaded on first use, into the same
-        memory role): Gemma 3n's sparse down projections read it by unit (``ffn.down_t``)."""
+        """The name of the float16 transposed copy of matrix ``name`` (Gemma 3n's sparse down projections read
+        it by unit, ``ffn.down_t``); uploaded on first use where the plan did not place it."""
         key = f"{name}^T"
         if key not in self._weights:
-            wt = np.ascontiguousarray(self.model.weights[name].dequantize().astype(np.float32).T).astype(
-                np.float16
-            )
-            q = QTensor(key, GGMLType.F16, wt.shape, loader=lambda: wt.view(np.uint8))
-            limit = self.dev.features.max_storage_buffer_range
-            self._weights[key] = upload_weight(q, self.transfers, limit, self._weights[name].role)
+            self._upload_transposed(name, self._weights[name].role)
         return key
 
     def weight_slice(self, name: str, index: int) -> str:
