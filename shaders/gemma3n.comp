@@ -16,7 +16,7 @@
 //   OP_PLE_INJECT     (ceil(4H/WG), T)  y = a with b added to streams 1..3
 //   OP_PLE_INJECT_NORM (1, T)      the same with b RMS-normalized here (weight w_off): the post-norm folded in
 //   OP_DOWN_T         (ceil(H/2/WG), splits)  a sparse layer's down projection from its transposed float16 copy
-//                     (binding 0, F rows of H): split s sums a[u] * Wt[u] over its `w_off` units u, skipping
+//                     (binding 0, F rows of H; DOWN_T_F32: float32): split s sums a[u] * Wt[u] over its `w_off` units u, skipping
 //                     those that are zero for every token (c_stride tokens), into partials y[s][t]
 //   OP_DOWN_T_REDUCE  (1, T)       y = b + rmsnorm(sum of the `n` splits' partials a; w_off): the post-norm and
 //                                  residual add of the down projection
@@ -219,7 +219,11 @@ void main() {
             kept = kept || f[t] != 0.0;
         }
         if (!kept || j >= H2) continue;  // a unit the top-k zeroed: its row of the weight is not read
+#ifdef DOWN_T_F32
+        vec2 w = vec2(uintBitsToFloat(w32[2u * (u * H2 + j)]), uintBitsToFloat(w32[2u * (u * H2 + j) + 1u]));
+#else
         vec2 w = unpackHalf2x16(w32[u * H2 + j]);
+#endif
         for (uint t = 0u; t < T; ++t) acc[t] += f[t] * w;
     }
     if (j >= H2) return;

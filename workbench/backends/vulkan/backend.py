@@ -224,7 +224,10 @@ class VulkanBackend(Backend):
         sizes = {n: device_bytes(m.weights[n], limit) for n in mats}
         # Gemma 3n's sparse down projections also get a float16 transposed copy (ffn.down_t), planned here
         transposed = self._sparse_down_weights()
-        sizes |= {f"{n}^T": 2 * m.weights[n].rows * m.weights[n].cols for n in transposed}
+        sizes |= {
+            f"{n}^T": 2 * self.tuning["ffn.down_t"] * m.weights[n].rows * m.weights[n].cols
+            for n in transposed
+        }
         # the per-layer embedding table is read one row per token: host-visible memory costs a decode step
         # ~L*P*2 bytes over the bus and leaves the device-local heap to the streamed weights (ple.host)
         ple = PLE_TABLE in sizes and mode != "device" and self.tuning["ple.host"]
@@ -288,10 +291,14 @@ class VulkanBackend(Backend):
         return [n for n in names if n in self.model.weights]
 
     def _upload_transposed(self, name: str, role: str) -> None:
-        """Upload a float16 copy of matrix ``name`` transposed, as weight ``name^T``."""
+        """Upload a copy of matrix ``name`` transposed, as weight ``name^T``: float16 (``ffn.down_t=1``: within
+        fp16 rounding of the dequantized weight) or float32 (``=2``: exact, twice the bytes)."""
         w = self.model.weights[name].dequantize().astype(np.float32)
-        wt = np.ascontiguousarray(w.T).astype(np.float16)
-        q = QTensor(f"{name}^T", GGMLType.F16, wt.shape, loader=lambda: wt.view(np.uint8))
+        exact = self.tuning["ffn.down_t"] == 2
+        wt = np.ascontiguousarray(w.T).astype(np.float32 if exact else np.float16)
+        q = QTensor(
+            f"{name}^T", GGMLType.F32 if exact else GGMLType.F16, wt.shape, loader=lambda: wt.view(np.uint8)
+        )
         limit = self.dev.features.max_storage_buffer_range
         self._weights[q.name] = upload_weight(q, self.transfers, limit, role)
 

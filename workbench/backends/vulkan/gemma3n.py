@@ -53,12 +53,12 @@ PUSH = ("a", "b", "c", "d", "y", "z")  # tensors of the push block: <name>_off, 
 
 
 def dispatch(b: Builder, op: Op, name: str, groups: tuple[int, int, int], reads: list[str], writes: list[str],
-             weight: Any = None, **push: Any) -> None:  # fmt: skip
+             weight: Any = None, defines: tuple[str, ...] = (), **push: Any) -> None:  # fmt: skip
     """One gemma3n.comp dispatch (``weight``: the buffer of binding 0); unset push fields are zero."""
     full: dict[str, Any] = {f"{t}_{s}": 0 for t in PUSH for s in ("off", "stride")}
     full.update(width=0, n=0, w_off=0, w2_off=0, w3_off=0, w4_off=0, eps=0.0, scale=0.0)
     full.update(push)
-    b.add(op, "gemma3n", full, groups, reads, writes, [f"OP_{name}"], weight=weight)
+    b.add(op, "gemma3n", full, groups, reads, writes, [f"OP_{name}", *defines], weight=weight)
 
 
 def _wg(b: Builder) -> int:
@@ -266,7 +266,7 @@ def ple_inject(b: Builder, op: Op) -> None:
 
 def sparse_down(b: Builder, op: Op, mm: Op, norm: Op, residual: str) -> None:
     """A sparse layer's down projection + post-norm + residual add (``matmul_rmsnorm_add``) in a decode step,
-    from a float16 transposed copy of the down weight (units as rows, ``ffn.down_t``): only the rows of the
+    from a float16 (``ffn.down_t=1``) or float32 (``=2``) transposed copy of the down weight (units as rows): only the rows of the
     units the Gaussian top-k kept are read, ~5 % of them, where the row-major weight's zero chunks
     (``SKIP_ZERO``) rarely free a whole memory sector. ``ffn.down_split`` workgroup rows share the units;
     a second dispatch sums their partials, normalizes and adds."""
@@ -279,7 +279,8 @@ def sparse_down(b: Builder, op: Op, mm: Op, norm: Op, residual: str) -> None:
     per = -(-f // max(1, min(b.backend.tuning["ffn.down_split"], f)))
     splits = -(-f // per)
     parts = b.tmp(f"{op.name}:down_partials", 1, splits * t * h)
-    dispatch(b, op, "DOWN_T", (-(-(h // 2) // _wg(b)), splits, 1), [x], [parts], weight=w.parts[0].buffer,
+    f32 = ("DOWN_T_F32",) if w.fmt == "F32" else ()
+    dispatch(b, op, "DOWN_T", (-(-(h // 2) // _wg(b)), splits, 1), [x], [parts], weight=w.parts[0].buffer, defines=f32,
              a_off=b.ref(x), a_stride=f, y_off=b.ref(parts), width=h, n=f, w_off=per, c_stride=t)  # fmt: skip
     dispatch(b, op, "DOWN_T_REDUCE", (1, t, 1), [parts, residual], [out], a_off=b.ref(parts), b_off=b.ref(residual),
              b_stride=b.widths[residual], y_off=b.ref(out), y_stride=b.widths[out], width=h, n=splits, c_stride=t,

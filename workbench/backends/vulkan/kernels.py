@@ -208,9 +208,9 @@ PROGRAM_TUNABLES = {
     # sparse layers: the up projection computes only the rows the Gaussian top-k kept and the down
     # projection skips the zero chunks of its input (0: the dense twin, every row and column)
     "ffn.sparse_skip": 1,
-    # with ffn.sparse_skip: the down projection reads a float16 transposed copy of the weight (units as rows),
-    # only the kept units' rows (0: the row-major weight, zero chunks skipped); ffn.down_split workgroup rows
-    # share the units
+    # with ffn.sparse_skip: the down projection reads a transposed copy of the weight (units as rows), only the
+    # kept units' rows: 1 float16, 2 float32 (exact; twice the bytes), 0 the row-major weight with zero chunks
+    # skipped; ffn.down_split workgroup rows share the units
     "ffn.down_t": 1,
     "ffn.down_split": 32,
     # the per-layer-embedding table (E2B: 262,144 x 7,680) in host-visible memory, read one row per token,
@@ -231,7 +231,6 @@ SWITCHES = (
     "matvec.quant_out",
     "kv.fp16",
     "ffn.sparse_skip",
-    "ffn.down_t",
     "ple.host",
     "gemma3n.fuse",
 )
@@ -327,7 +326,9 @@ class Tuning:
             if key in SWITCHES and val not in (0, 1):
                 errors.append(f"{key}={val} must be 0 or 1")
             elif (
-                val < 1 and key not in SWITCHES and key not in ("matvec.row_threads_batch", "matvec.wg_tall")
+                val < 1
+                and key not in SWITCHES
+                and key not in ("matvec.row_threads_batch", "matvec.wg_tall", "ffn.down_t")
             ):
                 errors.append(f"{key}={val} must be positive")
             if key.endswith((".wg", ".wg_tall")) and (
@@ -390,6 +391,10 @@ class Tuning:
         for key in ("matvec.row_block_tall", "matvec.row_block_batch"):
             if not 1 <= v[key] <= 8:
                 errors.append(f"{key} must be 1..8")
+        if v["ffn.down_t"] not in (0, 1, 2):
+            errors.append(
+                "ffn.down_t must be 0 (row-major), 1 (float16 transposed) or 2 (float32 transposed)"
+            )
         if not 1 <= v["matvec.max_tokens"] <= 8:
             errors.append("matvec.max_tokens must be 1..8")
         if errors:
@@ -478,6 +483,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]
     out += [("rmsnorm", ("NO_WEIGHT",))] + [("gemma3n", (f"OP_{op}",)) for op in GEMMA3N_OPS]
+    out += [("gemma3n", ("OP_DOWN_T", "DOWN_T_F32"))]
     out += [("quant_act", d) for d in ((), ("NORM",), ("NORM", "MS_IN"))]
     return out
 
