@@ -6,7 +6,9 @@
 //   OP_ALTUP_EXPAND   (4, T)       stream s of y: a (s = 0) or the projection s (b, c, d) rescaled to a's RMS
 //   OP_ALTUP_UNEMBED  (1, R)       y = mean(a, b, c, d rescaled to a's RMS)  (a: stream 0 of the gathered rows)
 //   OP_ALTUP_SPLIT    (ceil(H/WG), R, 3)  streams 1..3 of a copied to b, c, d (inputs of the unembed projections)
-//   OP_ALTUP_PREDICT  (split, T)   router of stream 0, y = predicted streams, z = the active one (p_0)
+//   OP_ALTUP_PREDICT  (split, T)   router of stream 0, y = predicted streams, z = the active one (p_0);
+//                                  INJECT: streams 1..3 of a are read + rmsnorm(b; w4_off) (the previous
+//                                  layer's ple_inject and its post-norm)
 //   OP_ALTUP_CORRECT  (split, T)   router of z = b, y = corrected streams, z = q_0 * correct_scale
 //   OP_LAUREL         (ceil(H/WG), T)  y = ((a + b) + (c + d)) / sqrt(2)
 //   OP_LAUREL_NORM    (1, T)       the same with b and d RMS-normalized here (weights w_off, w2_off): the
@@ -105,7 +107,13 @@ void main() {
     act[dst + h] = act[pc.a_off + t * pc.a_stride + (s + 1u) * pc.width + h];
 #elif defined(OP_ALTUP_PREDICT)
     uint H = pc.width, xb = pc.a_off + t * pc.a_stride;
-    vec4 m = router(xb);
+#ifdef INJECT
+    uint rb = pc.b_off + t * pc.b_stride;
+    float sr = 0.0;
+    for (uint h = tid; h < H; h += WG) sr += act[rb + h] * act[rb + h];
+    float inv_r = 1.0 / sqrt(wg_sum(vec4(sr, 0.0, 0.0, 0.0)).x / float(H) + pc.eps);
+#endif
+    vec4 m = router(xb);  // stream 0 is not injected
     mat4 A;  // A[j][i] = coefficient of stream j in prediction i
     for (uint i = 0u; i < 4u; ++i)
         for (uint j = 0u; j < 4u; ++j) {
@@ -117,6 +125,9 @@ void main() {
     uint yb = pc.y_off + t * pc.y_stride, zb = pc.z_off + t * pc.z_stride;
     for (uint h = g * per + tid; h < h1; h += WG) {
         vec4 x = vec4(act[xb + h], act[xb + H + h], act[xb + 2u * H + h], act[xb + 3u * H + h]);
+#ifdef INJECT
+        x.yzw += vec3(act[rb + h] * inv_r * smalls[pc.w4_off + h]);
+#endif
         vec4 p = x + A * x;
         act[yb + h] = p.x;
         act[yb + H + h] = p.y;

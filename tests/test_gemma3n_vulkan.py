@@ -68,8 +68,8 @@ def test_logits_match_numpy(models, name, skip, fuse, down_t):
     down = "OP_DOWN_T" if down_t else "SKIP_ZERO"
     assert _sparse_dispatches(ev) == ({"SPARSE_UP", down} if skip and sparse else set())
     folded = {d for p in ev.backend.programs.values() for x in p.dispatches for d in x.defines}
-    folded &= {"OP_LAUREL_NORM", "OP_PLE_INJECT_NORM", "GATE_MUL", "V_NORM"}
-    assert folded == ({"OP_LAUREL_NORM", "OP_PLE_INJECT_NORM", "GATE_MUL", "V_NORM"} if fuse else set())
+    folds = {"OP_LAUREL_NORM", "OP_PLE_INJECT_NORM", "GATE_MUL", "V_NORM", "INJECT"}
+    assert folded & folds == (folds if fuse else set())
     ev.backend.dev.check_validation()
 
 

@@ -416,7 +416,8 @@ class VulkanBackend(Backend):
         share = wall / max(len(ops), 1)
         start = t0
         for op in ops:
-            dev_s = per_op.get(op.name) if timed else None
+            # an op folded into another's dispatch (Gemma 3n: gemma3n.fold) ran in that op's device time
+            dev_s = per_op.get(op.name, 0.0) if timed else None
             observer.on_op(op, step, start, dev_s if dev_s is not None else share, dev_s)
             start += dev_s if dev_s is not None else share
 

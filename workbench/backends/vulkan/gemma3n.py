@@ -91,13 +91,26 @@ def _laurel_norms(b: Builder, op: Op) -> tuple[Op, Op] | None:
     return (att, lau) if att is not None and lau is not None else None
 
 
+def _injected(b: Builder, op: Op) -> Op | None:
+    """The post-norm of ple_inject ``op`` when the next layer's altup_predict, its only reader, does the
+    injection itself (``INJECT``: streams 1..3 + the normed PLE as it reads them): one dispatch less."""
+    norm = _folded_norm(b, op.inputs[1])
+    users = _users(b, op.outputs[0])
+    if norm is None or len(users) != 1 or users[0].kind != "altup_predict":
+        return None
+    return norm if users[0].attrs["eps"] == norm.attrs["eps"] else None
+
+
 def fold(b: Builder, op: Op) -> bool:
     """Whether ``op`` is done elsewhere (True: emit nothing for it): a norm its Gemma 3n consumer applies, a
-    ple_gate done by the matvec of its ``inp_gate`` (GATE_MUL, decode steps), which this emits."""
+    ple_inject the next altup_predict does, a ple_gate done by the matvec of its ``inp_gate`` (GATE_MUL,
+    decode steps), which this emits."""
     if op.name in b.folded:
         return True
     if not b.graph.config.altup_inputs:  # not Gemma 3n
         return False
+    if op.kind == "ple_inject" and _injected(b, op) is not None:
+        return True
     if op.kind == "rmsnorm" and _folded_norm(b, op.outputs[0]) is op:
         user = _users(b, op.outputs[0])[0]
         return (
@@ -186,6 +199,14 @@ def altup(b: Builder, op: Op) -> None:
     s, out = op.outputs
     if k == "altup_predict":
         x = op.inputs[0]
+        inject = _producer(b, x)
+        norm = _injected(b, inject) if inject is not None and inject.kind == "ple_inject" else None
+        if norm is not None:  # the previous layer's ple_inject, done here as the streams are read
+            x, r = inject.inputs[0], norm.inputs[0]
+            dispatch(b, op, "ALTUP_PREDICT", (split, t, 1), [x, r], [s, out], defines=("INJECT",), a_off=b.ref(x),
+                     a_stride=b.widths[x], b_off=b.ref(r), b_stride=b.widths[r], y_off=b.ref(s),
+                     y_stride=b.widths[s], z_off=b.ref(out), z_stride=h, w4_off=small(norm.weights[0]), **common)  # fmt: skip
+            return
         dispatch(b, op, "ALTUP_PREDICT", (split, t, 1), [x], [s, out], a_off=b.ref(x), a_stride=b.widths[x],
                  y_off=b.ref(s), y_stride=b.widths[s], z_off=b.ref(out), z_stride=h, **common)  # fmt: skip
     else:

@@ -483,7 +483,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]
     out += [("rmsnorm", ("NO_WEIGHT",))] + [("gemma3n", (f"OP_{op}",)) for op in GEMMA3N_OPS]
-    out += [("gemma3n", ("OP_DOWN_T", "DOWN_T_F32"))]
+    out += [("gemma3n", ("OP_DOWN_T", "DOWN_T_F32")), ("gemma3n", ("OP_ALTUP_PREDICT", "INJECT"))]
     out += [("quant_act", d) for d in ((), ("NORM",), ("NORM", "MS_IN"))]
     return out
 
