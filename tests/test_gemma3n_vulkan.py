@@ -153,3 +153,21 @@ def test_unsupported_kind_refused_at_construction(models, monkeypatch):
     monkeypatch.setattr(backend, "KINDS", tuple(k for k in backend.KINDS if k != "altup_correct"))
     with pytest.raises(UnsupportedOpError, match="altup_correct"):
         vulkan_engine(models["gqa_softcap"])
+
+
+def test_profile_charges_folded_ops_to_the_op_that_did_them(models):
+    """With timestamps, an op folded into another's dispatch (the post-norms, the PLE gate, the injection)
+    reports 0 device time; the op whose dispatch did the work reports it."""
+    from workbench.instrument.profiler import Profiler
+
+    prof = Profiler()
+    ev = vulkan_engine(models["e2b_pattern"])
+    ev.observer = prof
+    ev.generate(TOKENS[:5], max_tokens=2)
+    df = prof.dataframe()
+    dec = df[df["phase"] == "decode"]
+    assert dec["device_s"].notna().all() and (dec["device_s"] >= 0).all()
+    folded = dec[dec["op"].str.endswith((".post_attention_norm", ".laurel_post_norm", ".ple_gate"))]
+    assert len(folded) and (folded["device_s"] == 0).all()
+    assert (dec[dec["op"].str.endswith(".laurel_residual")]["device_s"] > 0).all()
+    ev.backend.dev.check_validation()
