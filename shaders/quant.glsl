@@ -106,3 +106,46 @@ void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
 #error "no weight format defined (FMT_F32, FMT_F16, FMT_BF16, FMT_Q8_0, FMT_Q5_0, FMT_Q4_K, FMT_Q6_K)"
 #endif
 }
+
+#ifdef DEQ8H
+// DEQ8H(pl, K, row, c, lo, hi): the same 8 values as fp16, for kernels that stage fp16 (matmul_coop.comp).
+// Q4_K builds them from the nibbles with packed fp16 arithmetic: a nibble n OR-ed under the exponent bits
+// 0x6400 is the fp16 number 1024 + n exactly, so one AND, one OR and one packed subtraction make two values
+// (no integer-to-float conversions); d * scale and dmin * min are rounded to fp16 once per sub-block. Other
+// formats convert DEQ8's floats.
+#ifndef NIB4_HELPER
+#define NIB4_HELPER
+f16vec4 nib4(uint w) {  // bytes 0..3 of w, each 0..15, as fp16
+    f16vec2 a = unpackFloat2x16((w & 0x000F000Fu) | 0x64006400u) - f16vec2(1024.0hf);
+    f16vec2 b = unpackFloat2x16(((w >> 8) & 0x000F000Fu) | 0x64006400u) - f16vec2(1024.0hf);
+    return f16vec4(a.x, b.x, a.y, b.y);
+}
+#endif
+void DEQ8H(uvec4 pl, uint K, uint row, uint c, out f16vec4 lo, out f16vec4 hi) {
+#if defined(FMT_Q4_K)
+    uint e = row * K + 8u * c;
+    uint sb = e / 256u, r = e % 256u, sub = r / 32u;
+    uint qb = pl.x + (sb * 128u + (r / 64u) * 32u + (r % 32u)) / 4u;
+    uint sh = (sub & 1u) * 4u;
+    uint s0 = WBUF[pl.y + sb * 3u], s1 = WBUF[pl.y + sb * 3u + 1u], s2 = WBUF[pl.y + sb * 3u + 2u];
+    uint scale, mn;
+    if (sub < 4u) {
+        scale = bitfieldExtract(s0, int(8u * sub), 6);
+        mn = bitfieldExtract(s1, int(8u * sub), 6);
+    } else {
+        int j = int(8u * (sub - 4u));
+        scale = bitfieldExtract(s2, j, 4) | (bitfieldExtract(s0, j + 6, 2) << 4);
+        mn = bitfieldExtract(s2, j + 4, 4) | (bitfieldExtract(s1, j + 6, 2) << 4);
+    }
+    vec2 dm = unpackHalf2x16(WBUF[pl.z + sb]);
+    f16vec4 d = f16vec4(float16_t(dm.x * float(scale))), m = f16vec4(float16_t(dm.y * float(mn)));
+    lo = fma(nib4((WBUF[qb] >> sh) & 0x0F0F0F0Fu), d, -m);
+    hi = fma(nib4((WBUF[qb + 1] >> sh) & 0x0F0F0F0Fu), d, -m);
+#else
+    vec4 a, b;
+    DEQ8(pl, K, row, c, a, b);
+    lo = f16vec4(a);
+    hi = f16vec4(b);
+#endif
+}
+#endif
