@@ -53,12 +53,14 @@ PUSH = ("a", "b", "c", "d", "y", "z")  # tensors of the push block: <name>_off, 
 
 
 def dispatch(b: Builder, op: Op, name: str, groups: tuple[int, int, int], reads: list[str], writes: list[str],
-             weight: Any = None, defines: tuple[str, ...] = (), **push: Any) -> None:  # fmt: skip
-    """One gemma3n.comp dispatch (``weight``: the buffer of binding 0); unset push fields are zero."""
+             weight: Any = None, defines: tuple[str, ...] = (), wg: int = 0, **push: Any) -> None:  # fmt: skip
+    """One gemma3n.comp dispatch (``weight``: the buffer of binding 0; ``wg``: a workgroup size other than
+    ``gemma3n.wg``); unset push fields are zero."""
     full: dict[str, Any] = {f"{t}_{s}": 0 for t in PUSH for s in ("off", "stride")}
     full.update(width=0, n=0, w_off=0, w2_off=0, w3_off=0, w4_off=0, eps=0.0, scale=0.0)
     full.update(push)
-    b.add(op, "gemma3n", full, groups, reads, writes, [f"OP_{name}", *defines], weight=weight)
+    spec = [(0, wg)] if wg else None
+    b.add(op, "gemma3n", full, groups, reads, writes, [f"OP_{name}", *defines], spec, weight=weight)
 
 
 def _wg(b: Builder) -> int:
@@ -303,7 +305,13 @@ def sparse_down(b: Builder, op: Op, mm: Op, norm: Op, residual: str) -> None:
     f32 = ("DOWN_T_F32",) if w.fmt == "F32" else ()
     dispatch(b, op, "DOWN_T", (-(-(h // 2) // _wg(b)), splits, 1), [x], [parts], weight=w.parts[0].buffer, defines=f32,
              a_off=b.ref(x), a_stride=f, y_off=b.ref(parts), width=h, n=f, w_off=per, c_stride=t)  # fmt: skip
-    dispatch(b, op, "DOWN_T_REDUCE", (1, t, 1), [parts, residual], [out], a_off=b.ref(parts), b_off=b.ref(residual),
+    # one workgroup per token sums splits x H partials: as wide a workgroup as the device allows, up to 512
+    feats = b.backend.dev.features
+    cap = min(512, feats.max_invocations)
+    if getattr(b.backend.dev, "required_subgroup_size", 0) and feats.max_workgroup_subgroups:
+        cap = min(cap, feats.max_workgroup_subgroups * feats.subgroup_size)  # a required size caps subgroups
+    wide = max(_wg(b), cap // feats.subgroup_size * feats.subgroup_size)
+    dispatch(b, op, "DOWN_T_REDUCE", (1, t, 1), [parts, residual], [out], wg=wide, a_off=b.ref(parts), b_off=b.ref(residual),
              b_stride=b.widths[residual], y_off=b.ref(out), y_stride=b.widths[out], width=h, n=splits, c_stride=t,
              w_off=b.backend.small_offset(norm.weights[0]), eps=norm.attrs["eps"])  # fmt: skip
 

@@ -212,7 +212,7 @@ PROGRAM_TUNABLES = {
     # kept units' rows: 1 float16, 2 float32 (exact; twice the bytes), 0 the row-major weight with zero chunks
     # skipped; ffn.down_split workgroup rows share the units
     "ffn.down_t": 1,
-    "ffn.down_split": 32,
+    "ffn.down_split": 16,
     # the per-layer-embedding table (E2B: 262,144 x 7,680) in host-visible memory, read one row per token,
     # leaving the device-local heap to the weights that are streamed (0: placed like any other weight)
     "ple.host": 1,
