@@ -4,7 +4,8 @@ named after each kind; :func:`fold` lets one dispatch do a neighbouring op's wor
 
 Each new kind is one dispatch per step (the AltUp projections, applied once per step, add their matvecs).
 The sparse layers' skipping (``ffn.sparse_skip``: the up projection computes only the rows the Gaussian
-top-k kept, the down projection skips zero chunks of its input) lives in ``Builder`` (``sparse_up_of``) and
+top-k kept; the down projection reads only the kept units' rows of a transposed copy, :func:`sparse_down`,
+or with ``ffn.down_t=0`` skips zero chunks of its input) lives in ``Builder`` (``sparse_up_of``), here and in
 matvec.comp (``SPARSE_UP``, ``SKIP_ZERO``). Kernels, tunables and what to measure:
 docs/backend-vulkan.md#gemma-3n.
 """
