@@ -17,7 +17,6 @@
 #include "common.glsl"
 #define WBUF w32
 #define DEQ8 deq_a
-#define DEQ8H deq_h
 #include "quant.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -49,7 +48,7 @@ shared float edge[SUBGROUPS * 256u];
 #define CM(use, type) coopmat<type, gl_ScopeSubgroup, 16, 16, use>
 
 vec4 xreg[XL];
-f16vec4 wreg[2u * WL];  // the weight tile already in fp16 (DEQ8H)
+vec4 wreg[2u * WL];
 
 // Registers <- step k0's X and W tiles (zeros outside the matrices).
 void load_tiles(uint k0, uint m0, uint n0, uint tid) {
@@ -63,9 +62,9 @@ void load_tiles(uint k0, uint m0, uint n0, uint tid) {
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
         uint i = tid + j * WG;
         uint n = i / (BK / 8u), c = i % (BK / 8u);
-        wreg[2u * j] = f16vec4(0.0hf);
-        wreg[2u * j + 1u] = f16vec4(0.0hf);
-        if (i < BN * (BK / 8u) && n0 + n < pc.N) deq_h(pc.pl, pc.K, n0 + n, k0 / 8u + c, wreg[2u * j], wreg[2u * j + 1u]);
+        wreg[2u * j] = vec4(0.0);
+        wreg[2u * j + 1u] = vec4(0.0);
+        if (i < BN * (BK / 8u) && n0 + n < pc.N) deq_a(pc.pl, pc.K, n0 + n, k0 / 8u + c, wreg[2u * j], wreg[2u * j + 1u]);
     }
 }
 
@@ -79,8 +78,8 @@ void store_tiles(uint tid) {
         uint i = tid + j * WG;
         if (i < BN * (BK / 8u)) {
             uint o = (i / (BK / 8u)) * SX4 + 2u * (i % (BK / 8u));
-            ws[o] = wreg[2u * j];
-            ws[o + 1u] = wreg[2u * j + 1u];
+            ws[o] = f16vec4(wreg[2u * j]);
+            ws[o + 1u] = f16vec4(wreg[2u * j + 1u]);
         }
     }
 }
