@@ -133,3 +133,23 @@ def test_per_layer_table_gathered_by_row(models):
     rows = table.gather(np.array([3, 7]))
     want = models["e2b_pattern"].weights["per_layer_token_embd.weight"].dequantize()[[3, 7]]
     assert np.array_equal(rows, want)
+
+
+@pytest.mark.parametrize("skip", [1, 0])
+def test_ragged_batch_equals_numpy(models, skip):
+    """Sequences sharing one step (decode rows beside prefill chunks) each read their own owners' caches,
+    in place for a decode row, through the owner's append for a chunk."""
+    from workbench.runtime.batch import SeqChunk, forward_batch
+
+    rng = np.random.default_rng(0)
+    history = [rng.integers(6, 300, n).tolist() for n in (5, 1, 12, 9)]
+    new = [[17], rng.integers(6, 300, 4).tolist(), [7], rng.integers(6, 300, 10).tolist()]
+    got = {}
+    for backend, tune in (("numpy", None), ("cpu", f"sparse_skip={skip}")):
+        e = wb.Engine(models["e2b_pattern-q8_0"], backend, tune=tune)
+        seqs = [e.new_sequence(64) for _ in history]
+        for s, h in zip(seqs, history, strict=True):
+            e.forward(s, h)
+        got[backend] = forward_batch(e, [SeqChunk(s, n, "all") for s, n in zip(seqs, new, strict=True)])
+    for c, n in zip(got["cpu"], got["numpy"], strict=True):
+        _check(c, n, TOLERANCE["int16"])
