@@ -75,18 +75,20 @@ def _check(got: np.ndarray, want: np.ndarray, tol: float) -> None:
     assert (got.argmax(-1) == want.argmax(-1)).all(), "greedy tokens differ"
 
 
-CASES = [(n, "int16", skip) for n in SOURCES for skip in (1, 0)] + [
-    ("e2b_pattern-q8_0", "none", skip) for skip in (1, 0)
+CASES = [(n, "int16", skip, 1) for n in SOURCES for skip in (1, 0)] + [
+    ("e2b_pattern-q8_0", "none", 1, 1),
+    ("e2b_pattern-q8_0", "none", 0, 1),
+    ("e2b_pattern-q8_0", "int16", 1, 0),  # fused=0: the plain graph, every kind by its own handler
 ]
 
 
-@pytest.mark.parametrize("name, act_quant, skip", CASES)
-def test_cpu_matches_numpy(models, prompts, numpy_logits, name, act_quant, skip):
+@pytest.mark.parametrize("name, act_quant, skip, fused", CASES)
+def test_cpu_matches_numpy(models, prompts, numpy_logits, name, act_quant, skip, fused):
     """Prefill (every row), prefill in chunks of 5 and token by token equal numpy's greedy tokens, with the
     logits within the stated tolerance, skipping on and off."""
     ids = prompts[name]
     want_prefill, want_tokens = numpy_logits[name]
-    tune = f"sparse_skip={skip},act_quant={act_quant}"
+    tune = f"sparse_skip={skip},act_quant={act_quant},fused={fused}"
     e = wb.Engine(models[name], "cpu", tune=tune)
     tol = TOLERANCE[act_quant]
     _check(e.forward(e.new_sequence(), ids, logits=list(range(len(ids)))), want_prefill, tol)
