@@ -410,7 +410,8 @@ def test_gguf_of_llama_cpp_converter_matches_transformers(models, reference):
 
 
 class _NoGemma3n(numpy_ref.NumpyBackend):
-    """A backend whose construction refuses the model's op kinds (as the cpu backend's warm-up does)."""
+    """A backend whose construction refuses the model's op kinds (as the cpu backend's warm-up did before it ran
+    Gemma 3n)."""
 
     def __init__(self, model, **options):
         raise UnsupportedOpError(
