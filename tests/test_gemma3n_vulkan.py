@@ -135,11 +135,14 @@ def test_caches_only_for_owning_layers_and_ple_table_host_visible(models):
         assert kv.layers[i] is kv.layers[c.kv_layer(i)]
     assert ev.backend.weight("per_layer_token_embd.weight").role == "host"
     assert ev.backend.weight("token_embd.weight").role == "device"
-    # the sparse layers' transposed down weights (ffn.down_t) are placed and uploaded with the others
+    # the sparse layers' transposed down weights (ffn.down_t=1) are placed and uploaded with the others;
+    # the default (ffn.down_t=0) reads the row-major weight and makes no copy
     sparse = [i for i, s in enumerate(c.activation_sparsity) if s > 0]
     assert {n for n in ev.backend.device.details["tunables"]} >= {"ffn.down_t", "ffn.sparse_skip"}
+    assert not any(n.endswith("^T") for n in ev.backend.weights_plan.roles)
+    ev_t = vulkan_engine(model, tune="ffn.down_t=1")
     for i in range(c.n_layers):
-        assert (f"blk.{i}.ffn_down.weight^T" in ev.backend.weights_plan.roles) == (i in sparse)
+        assert (f"blk.{i}.ffn_down.weight^T" in ev_t.backend.weights_plan.roles) == (i in sparse)
     assert (
         vulkan_engine(model, tune="ple.host=0").backend.weight("per_layer_token_embd.weight").role == "device"
     )

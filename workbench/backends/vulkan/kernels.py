@@ -210,8 +210,9 @@ PROGRAM_TUNABLES = {
     "ffn.sparse_skip": 1,
     # with ffn.sparse_skip: the down projection reads a transposed copy of the weight (units as rows), only the
     # kept units' rows: 1 float16, 2 float32 (exact; twice the bytes), 0 the row-major weight with zero chunks
-    # skipped; ffn.down_split workgroup rows share the units
-    "ffn.down_t": 1,
+    # skipped; ffn.down_split workgroup rows share the units. 0 by default: it measured fastest, and the
+    # copies cost memory (docs/backend-vulkan.md#gemma-3n)
+    "ffn.down_t": 0,
     "ffn.down_split": 16,
     # the per-layer-embedding table (E2B: 262,144 x 7,680) in host-visible memory, read one row per token,
     # leaving the device-local heap to the weights that are streamed (0: placed like any other weight)
