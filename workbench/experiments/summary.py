@@ -444,7 +444,9 @@ def load_entries(folder: str | Path) -> list[Entry]:
 
 
 def other_files(folder: Path, entries: list[Entry]) -> list[str]:
-    used = {e.file for e in entries} | {NOTES, SUMMARY, "sweep.json"}
+    """Files of the folder that no entry reads, less the sweep's working folders and its HTML report (both
+    regenerated, not versioned: a fresh clone has none)."""
+    used = {e.file for e in entries} | {NOTES, SUMMARY, "sweep.json", "report.html"}
     return [p.name for p in sorted(folder.iterdir()) if not p.name.startswith(".") and p.name not in used
             and p.name not in SWEEP_DIRS]  # fmt: skip
 
