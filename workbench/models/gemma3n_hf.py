@@ -18,7 +18,7 @@ from typing import Any
 from .config import ModelConfig
 from .errors import ModelFormatError
 from .gemma3n import required_weights, weight_shapes
-from .hf_config import LAYER_TYPES, rope_settings
+from .hf_config import layer_types_of, rope_settings
 from .validate import MAX_LAYERS, Fields, Shapes, check_layer_count, check_shapes
 
 MODEL_TYPES = ("gemma3n", "gemma3n_text")
@@ -148,15 +148,9 @@ def _per_layer(tc: Fields, key: str, n_layers: int, default: Any) -> list[Any]:
 
 
 def _layer_types(tc: Fields, n_layers: int) -> tuple[str, ...]:
-    given = tc.strings("layer_types", [])
-    if not given:
-        return tuple("global" if (i + 1) % SLIDING_PATTERN == 0 else "sliding" for i in range(n_layers))
-    unknown = [t for t in given if t not in LAYER_TYPES]
-    if unknown:
-        tc.fail("layer_types", given, f"holds {unknown[0]!r} (Gemma 3n layers: {', '.join(LAYER_TYPES)})")
-    if len(given) != n_layers:
-        tc.fail("layer_types", given, f"names {len(given)} layers, the model runs {n_layers}")
-    return tuple(LAYER_TYPES[t] for t in given)
+    """The config's ``layer_types``, else transformers' default: every SLIDING_PATTERN-th layer global."""
+    given = layer_types_of(tc, n_layers, "Gemma 3n")
+    return given or tuple("global" if (i + 1) % SLIDING_PATTERN == 0 else "sliding" for i in range(n_layers))
 
 
 def _sparsity(tc: Fields, n_layers: int) -> tuple[float, ...]:

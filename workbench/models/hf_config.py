@@ -145,14 +145,14 @@ def _rope_type(params: Fields, linear_ok: bool) -> str:
     return kind
 
 
-def _layer_types(tc: Fields, n_layers: int) -> tuple[str, ...]:
-    """``layer_types`` in ModelConfig's names, or () to derive them from the sliding window pattern."""
+def layer_types_of(tc: Fields, n_layers: int, family: str = "Gemma 3") -> tuple[str, ...]:
+    """``layer_types`` in ModelConfig's names, or () when the config gives none (the caller derives them)."""
     given = tc.strings("layer_types", [])
     if not given:
         return ()
     unknown = [t for t in given if t not in LAYER_TYPES]
     if unknown:
-        tc.fail("layer_types", given, f"holds {unknown[0]!r} (Gemma 3 layers: {', '.join(LAYER_TYPES)})")
+        tc.fail("layer_types", given, f"holds {unknown[0]!r} ({family} layers: {', '.join(LAYER_TYPES)})")
     if len(given) != n_layers:
         tc.fail("layer_types", given, f"names {len(given)} layers, the model runs {n_layers}")
     return tuple(LAYER_TYPES[t] for t in given)
@@ -194,7 +194,7 @@ def config_from_hf(cfg: Mapping[str, Any], shapes: Shapes, source: str, name: st
         final_logit_softcap=tc.number("final_logit_softcapping", None),
         # a gemma3 config may state it beside text_config rather than in it
         tie_embeddings=tc.flag("tie_word_embeddings", top.flag("tie_word_embeddings", True)),
-        layer_types=_layer_types(tc, sizes["num_hidden_layers"]),
+        layer_types=layer_types_of(tc, sizes["num_hidden_layers"]),
     )
     check_shapes(weight_shapes(config), shapes, source)
     return config
