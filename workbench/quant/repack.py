@@ -100,8 +100,8 @@ def _interleaved(g: np.ndarray, start: int, stop: int, granule: int) -> np.ndarr
     ``granule`` bytes (1, 2 or 4; ``start`` and ``stop`` multiples of it), granule by granule and within one the
     16 rows: (groups, blocks, 16 * (stop - start)).
 
-    Moved as whole granules (a uint16 view for 2 bytes), not byte by byte: ~9x faster, and the cpu backend
-    repacks every weight each time it starts."""
+    Moved as whole granules (a uint16 view for 2 bytes), not byte by byte: the cpu backend repacks every weight
+    each time it starts (figures: docs/backend-cpu.md)."""
     if start % granule or stop % granule:
         raise ValueError(f"bytes {start}:{stop} are not whole granules of {granule}")
     n_g, _, nb, _ = g.shape
