@@ -66,12 +66,9 @@ def make_backend(name: str, model: Model, **options: Any) -> Backend:
         except (BackendUnavailableError, UnsupportedOpError) as e:  # not here, or not for this model's ops
             errors.append(f"{cand}: {e}")
             continue
-        if getattr(backend, "auto_acceptable", True):
-            if errors:
-                print(f"workbench: backend auto -> {cand} ({'; '.join(errors)})", file=sys.stderr)
-            return backend
-        errors.append(f"{cand}: {backend.device.name} is a CPU driver, slower than the cpu backend")
-        backend.close()
+        if errors:
+            print(f"workbench: backend auto -> {cand} ({'; '.join(errors)})", file=sys.stderr)
+        return backend
     raise BackendUnavailableError("no backend available: " + "; ".join(errors))
 
 

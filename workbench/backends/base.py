@@ -175,7 +175,7 @@ class Backend(ABC):
     @classmethod
     def auto_rejection(cls, **options: Any) -> str | None:
         """Why ``auto`` should skip this backend with these ``options`` before building it (loading weights,
-        compiling), or None to build it and then ask ``auto_acceptable``."""
+        compiling), or None to build it."""
         return None
 
     def supports(self, op: Op) -> bool:

@@ -55,7 +55,11 @@ class NpuBackend(Backend):
 
     name = "npu"
     tunable_names = ("device", "dtype", "mode", "designs")
-    auto_acceptable = False  # the emulator is a research tool, never a fast default
+
+    @classmethod
+    def auto_rejection(cls, **options: Any) -> str | None:
+        """The emulator is a research tool, never a fast default (and `auto` does not list it)."""
+        return "an NPU emulator is never a fast default"
 
     def __init__(
         self,

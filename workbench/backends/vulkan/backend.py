@@ -145,11 +145,6 @@ class VulkanBackend(Backend):
 
     # -- identity --------------------------------------------------------------------------------
     @property
-    def auto_acceptable(self) -> bool:
-        """``auto`` never prefers a CPU driver (lavapipe) over the ``cpu`` backend."""
-        return not self.dev.features.is_cpu
-
-    @property
     def device(self) -> DeviceInfo:
         f = self.dev.features
         return DeviceInfo(
