@@ -56,7 +56,8 @@ VOCAB = 300  # the tests' tiny tokenizer (tests/tiny.py)
 GREEDY_STEPS = 12
 PROMPT_SEED = 20261127
 COEF_SCALE, POST_NORM_SCALE = 0.05, 0.3  # a random model that does not amplify rounding (see above)
-GGUF_CONFIGS = ("e2b_pattern",)  # converted by llama.cpp's converter with --llama-cpp (one: fixture size)
+GGUF_CONFIGS = ("e2b_pattern", "llama_cpp_layout")  # converted by llama.cpp's converter with --llama-cpp
+GGUF_ONLY = ("llama_cpp_layout",)  # kept only as the converter's GGUF (its PLE table makes the folder 5 MB)
 COMMON = dict(
     vocab_size=VOCAB,
     vocab_size_per_layer_input=VOCAB,
@@ -128,6 +129,27 @@ CONFIGS: dict[str, tuple[int, dict]] = {
             activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
             hidden_size_per_layer_input=8,
             laurel_rank=4,
+            final_logit_softcapping=30.0,
+        ),
+    ),
+    # The layout llama.cpp's gemma3n graph hard-codes (src/models/gemma3n.cpp and models.h of its source):
+    # layers 20+ reuse the KV of layers 18 (sliding) and 19 (global), the first 10 layers are sparse at 0.95,
+    # the per-layer input is 256 wide and LAuReL rank 64. A smaller model would be run wrongly by llama.cpp,
+    # so this one is what its greedy tokens are compared on (tests/test_gemma3n_llama_cpp.py).
+    "llama_cpp_layout": (
+        4,
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=25,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            sliding_window=8,
+            num_kv_shared_layers=5,
+            activation_sparsity_pattern=[0.95] * 10 + [0.0] * 15,
+            hidden_size_per_layer_input=256,
+            laurel_rank=64,
             final_logit_softcapping=30.0,
         ),
     ),
@@ -216,6 +238,24 @@ def write_json(path: Path, data: dict) -> None:
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
 
 
+def add_unused_kv(folder: Path, config, seed: int) -> None:
+    """Random K/V projections and K norms for the KV-sharing layers, as the Hub's Gemma 3n checkpoints carry:
+    transformers 5.24 neither makes nor reads them, but llama.cpp's loader requires them in every layer."""
+    from safetensors.numpy import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    rng = np.random.default_rng(seed)
+    hidden, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
+    for i, mode in enumerate(config.kv_sharing_modes):
+        if mode == "reuse":
+            pre = f"model.layers.{i}.self_attn."
+            for name, shape in (("k_proj.weight", (kv, hidden)), ("v_proj.weight", (kv, hidden))):
+                tensors[pre + name] = (rng.standard_normal(shape) / np.sqrt(hidden)).astype(np.float16)
+            tensors[pre + "k_norm.weight"] = np.ones(config.head_dim, np.float16)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 def convert(llama_cpp: Path, folder: Path, out: Path) -> None:
     """``folder`` as an f16 GGUF file by llama.cpp's ``convert_hf_to_gguf.py`` (its bundled gguf-py)."""
     cmd = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f16"]
@@ -227,6 +267,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", type=Path, default=ROOT / "tests" / "fixtures")
     ap.add_argument("--llama-cpp", type=Path, help="vendor/llama.cpp of the llama-cpp-python sdist")
+    ap.add_argument("--only", nargs="+", choices=sorted(CONFIGS), help="regenerate these; keep the others")
     args = ap.parse_args()
     import torch
     import transformers
@@ -242,7 +283,12 @@ def main() -> int:
         "torch": torch.__version__,
         "models": {},
     }
+    json_path = args.out_dir / "gemma3n_transformers.json"
+    if args.only:
+        out["models"] = json.loads(json_path.read_text())["models"]
     for name, (seed, fields) in CONFIGS.items():
+        if args.only and name not in args.only:
+            continue
         config = Gemma3nTextConfig(**COMMON, **fields)
         torch.manual_seed(seed)
         model = Gemma3nForCausalLM(config).eval()
@@ -281,9 +327,15 @@ def main() -> int:
         size = sum(f.stat().st_size for f in folder.iterdir())
         print(f"{name}: {folder} ({size / 1024:.0f} KiB)", file=sys.stderr)
         out["models"][name] = entry
+        if name in GGUF_ONLY:
+            add_unused_kv(folder, config, seed)
         if args.llama_cpp and name in GGUF_CONFIGS:
             convert(args.llama_cpp, folder, folder.with_suffix(".gguf"))
-    write_json(args.out_dir / "gemma3n_transformers.json", out)
+        if name in GGUF_ONLY:
+            if not args.llama_cpp:
+                raise SystemExit(f"{name} is kept only as a GGUF: give --llama-cpp DIR")
+            shutil.rmtree(folder)
+    write_json(json_path, out)
     return 0
 
 

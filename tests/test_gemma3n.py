@@ -32,6 +32,7 @@ from workbench.quant.formats import GGMLType
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ("e2b_pattern", "gqa_softcap", "shared_alternating")
+LLAMA_CPP_LAYOUT = "llama_cpp_layout"  # only a GGUF: tests/test_gemma3n_llama_cpp.py
 TOLERANCE = 5e-4  # max |logit difference| numpy vs transformers, both fp32
 MARGIN = 2e-3  # steps whose top-2 margin exceeds this must pick the same token as transformers
 GEMMA3N_KINDS = {"rmsnorm_plain", "shared_kv_attention", "altup_expand", "altup_unembed", "altup_predict", "altup_correct", "laurel_residual", "gaussian_topk", "ple_project", "ple_gate", "ple_inject"}  # fmt: skip
@@ -58,14 +59,18 @@ def _worst(got: np.ndarray, want: np.ndarray) -> float:
 
 # -- the fixture and the config -----------------------------------------------------------------------
 def test_fixture_covers_the_gemma3n_paths(reference, models):
-    assert set(reference) == set(MODELS)
+    assert set(reference) == {*MODELS, LLAMA_CPP_LAYOUT}
+    reference = {name: reference[name] for name in MODELS}
     e2b = reference["e2b_pattern"]
     assert e2b["shared_layers"] == [10, 11, 12, 13, 14] and e2b["sparse_layers"] == [0, 1, 2, 3, 4]
     for name, ref in reference.items():
         window = models[name].config.sliding_window
         assert max(len(p["ids"]) for p in ref["prompts"].values()) > 3 * window  # crosses the window
-    sizes = sum(f.stat().st_size for f in (FIXTURES / "gemma3n").rglob("*") if f.is_file())
+    # the llama.cpp-layout GGUF is 5.7 MB of its own: the per-layer table llama.cpp needs 256 wide
+    small = [f for f in (FIXTURES / "gemma3n").rglob("*") if f.is_file() and f.stem != LLAMA_CPP_LAYOUT]
+    sizes = sum(f.stat().st_size for f in small)
     assert sizes + (FIXTURES / "gemma3n_transformers.json").stat().st_size < 2 * 2**20
+    assert (FIXTURES / "gemma3n" / f"{LLAMA_CPP_LAYOUT}.gguf").stat().st_size < 6 * 2**20
 
 
 def test_config_of_the_e2b_pattern(models):

@@ -11,6 +11,10 @@ At a depth D the prefix is sent first (untimed, ``cache_prompt``), then prefix +
 the D cached tokens and processes the P new ones: its ``cache_n`` and ``prompt_n`` are checked to be D and P.
 Context checkpoints are off (``--ctx-checkpoints 0``): with them the server cuts a prompt into two batches
 to store a checkpoint, which would be timed as prefill.
+
+Without a device (``device=None``) the server runs on the CPU, for correctness checks only
+(``next_token_logprobs``): its extra weight buffers (repacked and AMX layouts) are off, since with them
+build b10434 gave NaN logits for the tiny Gemma 3n checkpoint on an AMX host (docs/gemma3n.md).
 """
 
 from __future__ import annotations
@@ -65,16 +69,25 @@ class LlamaServerRunner:
     """One ``llama-server`` process on one Vulkan device, driven over HTTP on a free local port."""
 
     def __init__(
-        self, binary: LlamaBinary, device: LlamaDevice, model_path: str, n_ctx: int, threads: int | None
+        self,
+        binary: LlamaBinary,
+        device: LlamaDevice | None,
+        model_path: str,
+        n_ctx: int,
+        threads: int | None,
     ):
         self.binary, self.device = binary, device
         self.version = f"llama-server {binary.build or '(build unknown)'}"
         self.port = free_port()
+        placement = (
+            ["-ngl", "999", "--device", device.name]
+            if device
+            else ["-ngl", "0", "--device", "none", "--no-repack"]
+        )
         self.args = [
             str(binary.path),
             "-m", model_path,
-            "-ngl", "999",
-            "--device", device.name,
+            *placement,
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "-c", str(n_ctx),
@@ -90,11 +103,15 @@ class LlamaServerRunner:
         self.log_path = Path(self._dir.name) / "server.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            self.args, env=device.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            self.args,
+            env=device.env if device else binary.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         try:
             self._wait_ready()
-            self.offloaded, self.picked = self._check_gpu()
+            self.offloaded, self.picked = self._check_gpu() if device else ("0 (CPU)", "CPU")
             self.build_info = self._get("/props").get("build_info")
         except BaseException:
             self.close()
@@ -126,6 +143,7 @@ class LlamaServerRunner:
 
     def _check_gpu(self) -> tuple[str, str]:
         """Every layer on the device we asked for, as the server's log says; else a clear error."""
+        assert self.device is not None
         log = self.log_tail(10**7)
         off = OFFLOADED.search(log)
         if off is None or int(off.group(1)) == 0 or off.group(1) != off.group(2):
@@ -183,6 +201,34 @@ class LlamaServerRunner:
             raise RuntimeError(f"llama-server /completion: {errors or 'no timings in the reply'}")
         return events
 
+    def logprobs_after(self, ids: list[int], n_vocab: int, emit: int) -> list[float]:
+        """llama.cpp's log-probabilities of every token after ``ids`` (a fresh prefill, no cache), from its raw
+        logits (NaN where it gives none). The token generated is forced to ``emit`` by a logit bias, which the
+        figures are taken before: a token whose piece is not whole UTF-8 text (a byte token) would make the
+        server withhold them or fail the request, so ``emit`` should be a plain-text token."""
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(
+                {"prompt": ids, "n_predict": 1, "n_probs": n_vocab, "cache_prompt": False,
+                 "logit_bias": [[emit, 1000.0]], **GREEDY}
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                reply = json.loads(r.read())
+        except (urllib.error.URLError, OSError) as e:
+            detail = e.read().decode(errors="replace") if isinstance(e, urllib.error.HTTPError) else str(e)
+            raise RuntimeError(f"llama-server /completion failed: {detail}\n{self.log_tail()}") from None
+        tops = (reply.get("completion_probabilities") or [{}])[0].get("top_logprobs")
+        if not tops:
+            raise RuntimeError(f"llama-server returned no log-probabilities: {str(reply)[:500]}")
+        out = [float("nan")] * n_vocab
+        for t in tops:
+            if t["logprob"] is not None and 0 <= int(t["id"]) < n_vocab:  # JSON null: a NaN logit
+                out[int(t["id"])] = float(t["logprob"])
+        return out
+
     # -- a repeat ----------------------------------------------------------------------------------
     def run(self, depth: list[int], prompt: list[int], gen: int) -> RunTiming:
         """Prefill ``prompt`` after ``depth`` cached tokens, then ``gen`` greedy decode steps."""
@@ -214,7 +260,7 @@ class LlamaServerRunner:
         return {
             **self.binary.describe(),
             "build_info": self.build_info,
-            "device": self.device.label(),
+            "device": self.device.label() if self.device else "CPU",
             "device_log": self.picked,
             "layers_offloaded": self.offloaded,
             "command": self.args,

@@ -108,12 +108,14 @@ def laurel_residual(x: np.ndarray, attn: np.ndarray, h: np.ndarray, laurel: np.n
     return ((x + attn) + (h + laurel)) / F32(math.sqrt(2.0))
 
 
-def gaussian_topk(g: np.ndarray, std_multiplier: float) -> np.ndarray:
-    """``relu(g - (mean(g) + k * std(g)))`` per row, population std: about the top ``1 - Phi(k)`` of the
-    values survive, shifted down by the cutoff (Gemma 3n's activation sparsity, before GELU)."""
+def gaussian_topk(g: np.ndarray, std_multiplier: float, ddof: int = 0) -> np.ndarray:
+    """``relu(g - (mean(g) + k * std(g)))`` per row, population std as transformers (``ddof`` 1: the sample
+    std llama.cpp uses): about the top ``1 - Phi(k)`` of the values survive, shifted down by the cutoff
+    (Gemma 3n's activation sparsity, before GELU)."""
     g = g.astype(F32, copy=False)
     mean = np.mean(g, axis=-1, keepdims=True, dtype=F32)
-    std = np.sqrt(np.mean((g - mean) ** 2, axis=-1, keepdims=True, dtype=F32))
+    n = g.shape[-1]
+    std = np.sqrt(np.sum((g - mean) ** 2, axis=-1, keepdims=True, dtype=F32) / F32(n - ddof))
     return np.maximum(g - (mean + std * F32(std_multiplier)), F32(0.0))
 
 
