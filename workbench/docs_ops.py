@@ -217,6 +217,28 @@ def vulkan_shaders() -> dict[str, list[str]]:
         methods it calls, and module functions it hands the builder to (``gemma3n.emit(self, op)``)."""
         module = module or inspect.getmodule(Builder)
         out: set[str] = set()
+        body = list(body)
+        assigned = {  # kernel variables: ``kernel = b.gemm_kernel if ... else "matmul"``
+            t.id: n.value
+            for stmt in body
+            for n in ast.walk(stmt)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+
+        def named(arg: ast.AST, depth: int = 0) -> set[str]:
+            """The kernels an ``add`` call's kernel argument may name."""
+            if isinstance(arg, ast.Constant) and arg.value in KERNELS:
+                return {arg.value}
+            if isinstance(arg, ast.Attribute) and arg.attr == "gemm_kernel":
+                return set(gemm)
+            if isinstance(arg, ast.IfExp):
+                return named(arg.body, depth) | named(arg.orelse, depth)
+            if isinstance(arg, ast.Name) and arg.id in assigned and depth < 3:
+                return named(assigned[arg.id], depth + 1)
+            return set()
+
         for stmt in body:
             for node in ast.walk(stmt):
                 if not isinstance(node, ast.Call):
@@ -234,11 +256,7 @@ def vulkan_shaders() -> dict[str, list[str]]:
                     continue
                 name = node.func.attr
                 if name == "add" and len(node.args) > 1:
-                    arg = node.args[1]
-                    if isinstance(arg, ast.Constant) and arg.value in KERNELS:
-                        out.add(arg.value)
-                    elif isinstance(arg, ast.Attribute) and arg.attr == "gemm_kernel":
-                        out |= gemm
+                    out |= named(node.args[1])
                 elif name != "emit" and name not in seen and inspect.isfunction(getattr(Builder, name, None)):
                     out |= kernels_of(_source_tree(getattr(Builder, name)).body, seen | {name}, "self", None)
         return out

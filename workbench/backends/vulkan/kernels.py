@@ -184,6 +184,10 @@ PROGRAM_TUNABLES = {
     "argmax.block": 4096,
     "matvec.max_tokens": 8,
     "matmul.coop": 1,
+    # projections with fewer input columns take the fp32 GEMM even where matmul.coop is on: at such K a prefill
+    # projection is launch-bound, so rounding its inputs to fp16 buys nothing (tiny test models, not Gemma's
+    # sizes: the smallest hidden size is 640)
+    "matmul.coop_min_k": 256,
     "matvec.norm_rows": 65536,
     "attention.fused_combine": 0,  # the separate merge measured faster (docs/backend-vulkan.md#single-stream)
     "attention.kv_in_rope": 1,

@@ -293,13 +293,15 @@ class Builder:
 
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
         """Prefill projection: the cooperative-matrix kernel (fp16 in, fp32 accumulate) where the device has
-        16x16x16 fp16 matrices and ``matmul.coop`` is on, else the fp32 tiled kernel."""
+        16x16x16 fp16 matrices, ``matmul.coop`` is on and K is at least ``matmul.coop_min_k``, else the fp32
+        tiled kernel."""
         b, w = self.backend, self.backend.weight(wname)
         t, k = self.rows(x), self.widths[x]
         if k % 32:
             raise UnsupportedOpError(f"op {op.name}: the GEMM kernel needs K % 32 == 0 (K = {k})")
         tun = b.tuning
-        if b.gemm_kernel == "matmul_coop":
+        kernel = b.gemm_kernel if k >= tun["matmul.coop_min_k"] else "matmul"
+        if kernel == "matmul_coop":
             sg = b.dev.features.subgroup_size
             bm, bn = coop_tile(tun.values, sg)
             spec = [(4, sg)]
@@ -320,7 +322,7 @@ class Builder:
             push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(x), x_stride=k,
                         y_off=Ref(y), y_stride=self.widths[y])  # fmt: skip
             groups = (-(-part.rows // bn), -(-t // bm), 1)
-            self.add(op, b.gemm_kernel, push, groups, [x], [y], list(w.defines), spec, weight=part.buffer)
+            self.add(op, kernel, push, groups, [x], [y], list(w.defines), spec, weight=part.buffer)
 
     def matmul(self, op: Op, x: str, y: str, wname: str) -> None:
         if self.backend.small_matrix(wname):
