@@ -145,7 +145,8 @@ class StepLog:
 
 def test_time_ours_prefills_the_depth_outside_the_timed_steps(tiny_gguf):
     import workbench as wb
-    from workbench.bench.harness import bench_prompt, depth_and_prompt, time_ours
+    from workbench.bench.harness import time_ours
+    from workbench.bench.prompts import bench_prompt, depth_and_prompt
 
     model = wb.load(str(tiny_gguf))
     engine = wb.Engine(model, "numpy", max_context=64)

@@ -21,7 +21,7 @@ from ..ops.kinds import op_cost, step_cost
 from ..runtime.batch import SeqChunk, greedy_batch
 from ..runtime.engine import Engine
 from ..runtime.scheduler import Request, Scheduler
-from .harness import bench_prompt
+from .prompts import bench_prompt
 from .stats import median_ci, percentiles, ratio_ci
 
 BOUND_HOW = "projected (bytes of the batched decode step / the device's streaming bandwidth)"

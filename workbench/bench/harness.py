@@ -10,7 +10,6 @@ import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,13 +17,12 @@ import numpy as np
 from ..experiments.records import write_record
 from ..instrument import environment
 from ..instrument.profiler import Profiler, by_kind, overhead_summary
-from ..models.model import Model
 from ..runtime.engine import Engine
+from .batching import decode_step_bytes
 from .comparison import compare, open_llama_cpp
+from .prompts import depth_and_prompt
 from .stats import median_ci
 from .timing import RunTiming, summarize
-
-PROMPT_TEXT = Path(__file__).resolve().parents[1] / "data" / "declaration.txt"
 
 
 @dataclass
@@ -60,23 +58,6 @@ class BenchConfig:
             raise ValueError(f"--vs accepts only 'llama.cpp', got {self.vs!r}")
 
 
-def bench_prompt(model: Model, n: int) -> list[int]:
-    """Exactly ``n`` token ids: BOS (if the model adds one) then English text, repeated as needed."""
-    tok = model.tokenizer
-    text_ids = tok.encode(PROMPT_TEXT.read_text(encoding="utf-8"), add_bos=False)
-    ids = [tok.bos_id] if tok.add_bos else []
-    while len(ids) < n:
-        ids.extend(text_ids[: n - len(ids)])
-    return ids[:n]
-
-
-def depth_and_prompt(model: Model, depth: int, prompt_tokens: int) -> tuple[list[int], list[int]]:
-    """The ``depth`` tokens prefilled before the timed prompt, and the prompt: one text cut in two, so that
-    without a depth the prompt is exactly :func:`bench_prompt`'s."""
-    ids = bench_prompt(model, depth + prompt_tokens)
-    return ids[:depth], ids[depth:]
-
-
 def time_ours(engine: Engine, prompt: list[int], gen: int, depth: list[int] | None = None) -> RunTiming:
     """One repeat: prefill ``depth`` untimed (and unprofiled), then time the prefill of ``prompt`` after it
     and ``gen`` greedy decode steps, each."""
@@ -110,7 +91,6 @@ class BandwidthSideBySide:
 
     def __init__(self, engine: Engine, cfg: BenchConfig):
         from ..instrument.devices import stream_buffer
-        from .batching import decode_step_bytes
 
         self.threads = cfg.threads or engine.backend.threads_used()
         self.context = cfg.depth + cfg.prompt_tokens + cfg.gen_tokens // 2
