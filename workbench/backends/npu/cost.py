@@ -37,7 +37,7 @@ from .arch import (
     VECTOR_LANES_F32,
     AieArray,
 )
-from .schedule import Schedule
+from .dataflow import Schedule
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from typing import Any
 
 from ..base import BackendUnavailableError
 from .arch import AieArray
-from .iron import design_name
 from .schedule import Schedule, matmul_schedule, plan_attention, plan_rowwise
 
 MIN_KEY_SLOTS = 64
@@ -62,6 +61,12 @@ def attention_design(
     return plan_attention(
         array, token_rows(tokens), key_slots(keys), n_heads, n_kv_heads, head_dim, window=window
     )
+
+
+def design_name(s: Schedule) -> str:
+    """The name of ``s``'s design: its folder under the build root, its golden file's stem."""
+    dims = "x".join(str(v) for v in s.problem.values())
+    return f"{s.op}_{s.device}_{s.dtype_in}_{dims}"
 
 
 def schedule_record(s: Schedule) -> dict[str, Any]:

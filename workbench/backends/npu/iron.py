@@ -15,7 +15,9 @@ import json
 import textwrap
 from collections.abc import Iterable
 
-from .schedule import SHIFT_BYTES, Schedule
+from .arch import get_array
+from .designs import attention_design, design_name, key_slots, matmul_design, rmsnorm_design
+from .schedule import SHIFT_BYTES, Schedule, plan_attention, plan_gemm, plan_gemv, plan_rowwise
 
 NP_DTYPE = {"bf16": "bfloat16", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32", "f32": "np.float32"}
 DEVICE_CLASS = {"npu1": "NPU1Col4", "hawkpoint": "NPU1Col4", "npu2": "NPU2"}
@@ -443,11 +445,6 @@ def summary(s: Schedule) -> str:
     return f"{s.op} {s.device} {s.dtype_in}->{s.dtype_out} [{dims}] tile[{tile}] {s.columns}x{s.rows} cores"
 
 
-def design_name(s: Schedule) -> str:
-    dims = "x".join(str(v) for v in s.problem.values())
-    return f"{s.op}_{s.device}_{s.dtype_in}_{dims}"
-
-
 def design_source(s: Schedule) -> str:
     """The IRON program of schedule ``s`` (see the module docstring)."""
     try:
@@ -479,9 +476,6 @@ def model_schedules(
     """The distinct schedules the ``npu`` backend plans (:mod:`workbench.backends.npu.designs`) for one
     model's decode steps and prefill steps of ``prompt_tokens`` tokens (one count or several), with
     attention over up to ``max_keys`` keys (default: the sliding window)."""
-    from .arch import get_array
-    from .designs import attention_design, key_slots, matmul_design, rmsnorm_design
-
     a, dt = get_array(device), {"bf16": "bf16", "int8": "i8", "i8": "i8"}[dtype]
     c = config
     max_keys = max_keys or c.sliding_window
@@ -516,9 +510,6 @@ def model_schedules(
 
 def golden_schedules() -> list[Schedule]:
     """Fixed schedules whose generated designs are committed under ``mlir/golden`` (tests compare them)."""
-    from .arch import get_array
-    from .schedule import plan_attention, plan_gemm, plan_gemv, plan_rowwise
-
     n1, n2 = get_array("npu1"), get_array("npu2")
     return [
         plan_gemv(n1, 1024, 640, "bf16"),
