@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backends.base import Step
 from ..runtime.engine import Engine
-from .run import FFN_OP
+from .op_names import FFN_OP
 
 
 def _ffn_ops(engine: Engine, layer: int) -> tuple[list, dict[str, np.ndarray]]:

@@ -16,7 +16,6 @@ time of the ops that multiply N:M weights: the speed of the kernels that skip th
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,11 +29,10 @@ from ..runtime.engine import Engine
 from ..runtime.sampling import SamplingParams
 from ..sparsity.apply import build_variant
 from ..sparsity.nm import dense_twin, nm_weight_count
+from .ffn_ops import ffn_layer_times
 from .metrics import TokenMetrics, greedy_agreement
+from .op_names import ATTN_OP, FFN_OP
 from .text import DEFAULT_TEXT, eval_tokens, load_text, prompts_from_text
-
-FFN_OP = re.compile(r"^blk\.\d+\.(ffn|post_ffw)")
-ATTN_OP = re.compile(r"^blk\.\d+\.attn$")
 
 
 @dataclass
@@ -233,8 +231,6 @@ def evaluate(cfg: EvalConfig, model: Model | None = None, progress: bool = True)
             finally:
                 twin.close()
         if cfg.ffn_layer_repeats:
-            from .ffn_ops import ffn_layer_times
-
             speed.update(ffn_layer_times(ref, var, base.config.n_layers // 2, cfg.ffn_layer_repeats))
         device, ref_device = var.backend.device.label(), ref.backend.device.label()
     finally:
