@@ -19,6 +19,7 @@ import numpy as np
 from ..paths import cache_dir
 from ..quant.formats import FORMATS, QK_K, GGMLType
 from . import gemma3n
+from .bundled import default_model_path
 from .config import ModelConfig, UnsupportedModelError, preset
 from .gemma3 import required_weights, weight_shapes
 from .gguf import GGUFFile
@@ -191,8 +192,6 @@ GENERATED = "generated"
 
 def bundled_vocab() -> VocabSpec:
     """Gemma 3's vocabulary from the bundled model package, or an error that says what to do without it."""
-    from .registry import default_model_path
-
     try:
         path = default_model_path()
     except UnsupportedModelError as e:
@@ -230,8 +229,6 @@ def synthetic_vocab(vocab_size: int, source: str | Path | None = None) -> tuple[
 
 def write_bundled_vocab(out: str | Path) -> Path:
     """Write the bundled model's vocabulary as a vocabulary file (for machines without the package)."""
-    from .registry import default_model_path
-
     vocab = bundled_vocab()
     return write_vocab_file(vocab, out, source=default_model_path().name)
 
