@@ -104,14 +104,3 @@ def compile_shader(name: str, defines: Iterable[str] = ()) -> bytes:
     tmp_path.write_bytes(code)
     tmp_path.replace(path)
     return code
-
-
-def main() -> int:
-    """Build every shader variant the backend uses into the SPIR-V cache (for machines without a compiler)."""
-    from .kernels import all_variants
-
-    variants = all_variants()
-    for name, defines in variants:
-        compile_shader(name, defines)
-    print(f"{len(variants)} shader variants in {spirv_cache()}")
-    return 0
