@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from quant_models import forward_logits, tiny_model
 
-from workbench.backends.numba_cpu.nm import NMWeight
-from workbench.backends.numba_cpu.qformats import cpu_weight
+from workbench.backends.numba_cpu.qformats import NMWeight, cpu_weight
 from workbench.quant.nm_store import NMError, compress, expand
 from workbench.quant.planar import FormatError, PlanarFormat, make_planar
 from workbench.quant.requant import requantize

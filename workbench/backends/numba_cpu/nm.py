@@ -9,8 +9,8 @@ all rows). Each row stores one code byte per pair of groups (repacked at load fr
 positions); the kernel loads the table entry the code selects and multiplies it with four stored values in
 one FMA: no gathers, no permutes.
 Other patterns, and rows whose groups do not pair up, run a scalar loop.
-Prefill (many rows) dequantizes rows into float32 tiles for BLAS like every planar format
-(:class:`~workbench.backends.numba_cpu.qformats.PlanarWeight`).
+Prefill (many rows) dequantizes rows into float32 tiles for BLAS like every planar format: the weight is a
+:class:`~workbench.backends.numba_cpu.qformats.NMWeight`, a planar weight whose matvec runs these kernels.
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..._numba import numba
-from ...quant.planar import PlanarTensor
-from .qformats import PlanarWeight
 from .simd import F32, FAST, I8, I16, I32, I64, _as_ptr, _hsum, _prefetch, ptr, vt
 
 njit, prange = numba.njit, numba.prange
 # the values plane's dtype as the kernels see it selects the decoder at compile time: float32, int8 (times
 # the row scale), fp16 bits as uint16, bf16 bits as int16
-_VIEW = {"fp32": np.float32, "int8": np.int8, "fp16": np.uint16, "bf16": np.int16}
+VALUE_VIEW = {"fp32": np.float32, "int8": np.int8, "fp16": np.uint16, "bf16": np.int16}
 
 
 def _to_float(b: ir.IRBuilder, raw: ir.Value, kind: str) -> ir.Value:
@@ -55,7 +53,7 @@ _KIND_OF_TYPE = {types.float32: "fp32", types.int8: "int8", types.uint16: "fp16"
 
 @intrinsic
 def _widen(typingctx, v):
-    """A stored value as float32, by its type (:data:`_VIEW`): float32, int8, uint16 fp16 bits, int16 bf16 bits."""
+    """A stored value as float32, by its type (:data:`VALUE_VIEW`): float32, int8, uint16 fp16 bits, int16 bf16 bits."""
     if v not in _KIND_OF_TYPE:
         return None
 
@@ -67,7 +65,7 @@ def _widen(typingctx, v):
 
 UNROLL = 4  # group pairs per loop iteration (their code bytes in one 32-bit load; one accumulator each)
 PREFETCH_AHEAD = 1024  # bytes of the value stream prefetched ahead
-VALUE_BYTES = {kind: np.dtype(t).itemsize for kind, t in _VIEW.items()}
+VALUE_BYTES = {kind: np.dtype(t).itemsize for kind, t in VALUE_VIEW.items()}
 # the 2:4 position pairs of a group, numbered; a pair of groups keeping combos (a, b) has code a + 6 b
 COMBOS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
 PAIR_COMBOS = len(COMBOS) ** 2
@@ -122,8 +120,8 @@ def make_dot_2_4(kind: str):
 
 
 F32_V, F16_V, BF16_V, I8_V = 0, 1, 2, 3
-_KIND_CODE = {"fp32": F32_V, "fp16": F16_V, "bf16": BF16_V, "int8": I8_V}
-dot_f32, dot_f16, dot_bf16, dot_i8 = (make_dot_2_4(k) for k in _KIND_CODE)
+KIND_CODE = {"fp32": F32_V, "fp16": F16_V, "bf16": BF16_V, "int8": I8_V}
+dot_f32, dot_f16, dot_bf16, dot_i8 = (make_dot_2_4(k) for k in KIND_CODE)
 # table column of each lane of each pair code: lanes 0, 1 from the first group, 2, 3 from the second
 _PAIR_COLS = np.array(
     [[*COMBOS[c % len(COMBOS)], *(4 + i for i in COMBOS[c // len(COMBOS)])] for c in range(PAIR_COMBOS)],
@@ -195,29 +193,3 @@ def matvec_nm(v, idx, scale, x, n, m, out, rpt):  # pragma: no cover - compiled
         for r in range(i * rpt, min(rows, (i + 1) * rpt)):
             for t in range(x.shape[0]):
                 out[t, r] = _dot_nm(v[r], idx[r], x[t], n, m) * scale[r]
-
-
-class NMWeight(PlanarWeight):
-    """A compressed N:M planar weight as the cpu kernels read it."""
-
-    def __init__(self, tensor: PlanarTensor):
-        super().__init__(tensor)
-        f = tensor.type
-        self.n, self.m = f.nm
-        self.values = tensor.planes["q"].view(_VIEW[f.kind])
-        self.idx = tensor.planes["idx"]
-        self.row_scale = self.scale if f.kind == "int8" else np.ones(self.rows, np.float32)
-        self.kind = _KIND_CODE[f.kind]
-        # the vector kernel: 2:4 rows whose groups pair up
-        self.codes = pair_codes(self.idx) if (self.n, self.m) == (2, 4) and self.cols % 8 == 0 else None
-
-    def matvec(self, x: np.ndarray, rpt: int) -> np.ndarray:
-        """x (T, cols) @ W.T for a few rows T, reading only the kept values."""
-        out = np.empty((x.shape[0], self.rows), np.float32)
-        if self.codes is not None:
-            tab = np.empty((x.shape[0], self.cols // 8, PAIR_COMBOS, 4), np.float32)
-            pair_table(x, tab)
-            matvec_2_4(self.kind, self.values, self.codes, self.row_scale, tab, out, rpt)
-        else:
-            matvec_nm(self.values, self.idx, self.row_scale, x, self.n, self.m, out, rpt)
-        return out

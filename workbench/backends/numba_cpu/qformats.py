@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 from ..._numba import numba
 from ...quant.formats import GGMLType
 from ...quant.planar import PlanarFormat, PlanarTensor, fake_quant_rows_int8
+from .nm import KIND_CODE, PAIR_COMBOS, VALUE_VIEW, matvec_2_4, matvec_nm, pair_codes, pair_table
 from .qsimd import make_dot_int4
 
 if TYPE_CHECKING:
@@ -224,12 +225,36 @@ class PlanarWeight:
         return out
 
 
+class NMWeight(PlanarWeight):
+    """A compressed N:M planar weight as the cpu kernels read it."""
+
+    def __init__(self, tensor: PlanarTensor):
+        super().__init__(tensor)
+        f = tensor.type
+        self.n, self.m = f.nm
+        self.values = tensor.planes["q"].view(VALUE_VIEW[f.kind])
+        self.idx = tensor.planes["idx"]
+        self.row_scale = self.scale if f.kind == "int8" else np.ones(self.rows, np.float32)
+        self.kind = KIND_CODE[f.kind]
+        # the vector kernel: 2:4 rows whose groups pair up
+        self.codes = pair_codes(self.idx) if (self.n, self.m) == (2, 4) and self.cols % 8 == 0 else None
+
+    def matvec(self, x: np.ndarray, rpt: int) -> np.ndarray:
+        """x (T, cols) @ W.T for a few rows T, reading only the kept values."""
+        out = np.empty((x.shape[0], self.rows), np.float32)
+        if self.codes is not None:
+            tab = np.empty((x.shape[0], self.cols // 8, PAIR_COMBOS, 4), np.float32)
+            pair_table(x, tab)
+            matvec_2_4(self.kind, self.values, self.codes, self.row_scale, tab, out, rpt)
+        else:
+            matvec_nm(self.values, self.idx, self.row_scale, x, self.n, self.m, out, rpt)
+        return out
+
+
 def cpu_weight(tensor: PlanarTensor):
     """The cpu backend's view of a planar tensor: fp32 is a plain float32 weight, N:M compressed weights
-    :class:`~workbench.backends.numba_cpu.nm.NMWeight`, the others planar."""
+    :class:`NMWeight`, the others planar."""
     if tensor.type.nm:
-        from .nm import NMWeight
-
         return NMWeight(tensor)
     if tensor.type.kind == "fp32":
         from . import CpuWeight
