@@ -351,7 +351,7 @@ def npu(kind: str, designs: dict[str, str]) -> str:
 
     if kind in NPU_KINDS:
         return designs.get(kind, "NPU (no design planned for the default model)")
-    if NpuBackend._kernel_for(None, _fake_op(kind)) is not None:
+    if NpuBackend.op_kernel(None, _fake_op(kind)) is not None:
         return "host (numpy reference)"
     return "—"
 

@@ -8,7 +8,7 @@ from .common import add_json_arg, positive_int
 
 
 def add_parser(sub) -> None:
-    from ..runtime.placement import PLATFORMS, STRATEGIES
+    from ..runtime.placement_platforms import PLATFORMS, STRATEGIES
 
     p = sub.add_parser(
         "placement",
@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
 
 
 def _strategy(text: str) -> str:
-    from ..runtime.placement import STRATEGIES
+    from ..runtime.placement_platforms import STRATEGIES
     from ..runtime.placement_rules import is_custom, parse_rules
 
     if is_custom(text):
@@ -67,7 +67,9 @@ def _strategy(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime.placement import STRATEGIES, run_placed, sweep
+    from ..runtime.placement_platforms import STRATEGIES
+    from ..runtime.placement_projection import sweep
+    from ..runtime.placement_run import run_placed
     from . import emit_json
 
     if args.run:

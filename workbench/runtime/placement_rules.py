@@ -1,4 +1,5 @@
-"""Custom placements: ``custom:`` rules that send blocks, layers, op kinds or single ops to devices.
+"""Op -> device assignment: the named strategies (:data:`~workbench.runtime.placement_platforms.STRATEGY_SPLITS`)
+and custom placements, ``custom:`` rules that send blocks, layers, op kinds or single ops to devices.
 
     custom:attn=npu                          attention blocks on the NPU, the rest on the iGPU
     custom:all=cpu,ffn=npu                   FFN blocks on the NPU, the rest on the host CPU
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ops.graph import Graph, Op
+from .placement_platforms import STRATEGIES, STRATEGY_SPLITS
 
 PREFIX = "custom:"
 DEVICES = ("cpu", "vulkan", "npu")
@@ -148,3 +150,29 @@ def assign_rules(graph: Graph, strategy: str, phase: str, npu_kinds: tuple[str, 
             dev = r.device
         out[op.name] = dev
     return out
+
+
+def assign(graph: Graph, strategy: str, phase: str = "decode", first_n: int | None = None) -> dict[str, str]:
+    """Op name -> device for ``strategy``: a name of :data:`~workbench.runtime.placement_platforms.STRATEGIES`
+    or ``custom:`` rules; ``phase`` is prefill or decode."""
+    from ..backends.npu import NPU_KINDS
+
+    if is_custom(strategy):
+        return assign_rules(graph, strategy, phase, NPU_KINDS)
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"unknown placement strategy {strategy!r} (known: {', '.join(STRATEGIES)}, or custom:RULES)"
+        )
+    n = graph.config.n_layers // 2 if first_n is None else first_n
+    if not 0 <= n <= graph.config.n_layers:
+        raise ValueError(f"first_n must be in 0..{graph.config.n_layers}, got {first_n}")
+    split = STRATEGY_SPLITS[strategy]
+
+    def wants_npu(op: Op) -> bool:
+        if split.npu in ("attn", "ffn"):
+            return block_of(op) == split.npu
+        if split.npu == "first-n":
+            return op.layer is not None and op.layer < n
+        return split.npu == "prefill" and phase == "prefill"
+
+    return {op.name: "npu" if wants_npu(op) and op.kind in NPU_KINDS else split.other for op in graph.ops}

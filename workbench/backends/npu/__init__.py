@@ -331,7 +331,9 @@ class NpuBackend(Backend):
         env[op.outputs[0]] = out
         return seconds
 
-    def _kernel_for(self, op: Op):
+    def op_kernel(self, op: Op):
+        """The kernel ``kernel(backend, op, env, step)`` that runs ``op`` on this backend: its NPU kernel, or
+        the host's (numpy reference) for other kinds and NPU ops no design covers; None for an unknown kind."""
         if "npu_fallback" in op.attrs:
             host = HOST_KERNELS[op.kind]
             return lambda b, o, env, step: host(b.host, o, env, step)
@@ -351,7 +353,7 @@ class NpuBackend(Backend):
         self.check_tokens(step)
         if self.xrt_ops:
             self._check_designs(graph, step)
-        return self.run_ops(self.prepare_graph(graph), step, self._kernel_for, observer)
+        return self.run_ops(self.prepare_graph(graph), step, self.op_kernel, observer)
 
 
 __all__ = ["NPU_KINDS", "NpuBackend", "matmul_schedule"]
