@@ -36,6 +36,7 @@ import numpy as np
 from workbench._numba import numba
 from workbench.backends.numba_cpu import ACT_QUANT, CpuBackend
 from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.backends.numba_cpu import program as pg
 from workbench.backends.numba_cpu.simd import INTERLEAVED
 from workbench.instrument.devices import stream_read_gbs
@@ -48,9 +49,7 @@ def role(name: str) -> str:
 
 def layout(w) -> str:
     """The format the kernels read: the GGUF type, or the layout it was repacked into at load."""
-    names = {mv.Q6_K_I8: "Q6_K_I8", mv.Q5_0_X4: "Q5_0_X4"} | {
-        f: f"{t.name}_R16" for f, t in INTERLEAVED.items()
-    }
+    names = {Q6_K_I8: "Q6_K_I8", mv.Q5_0_X4: "Q5_0_X4"} | {f: f"{t.name}_R16" for f, t in INTERLEAVED.items()}
     return names.get(w.fmt, w.type.name)
 
 

@@ -63,7 +63,9 @@ def main() -> int:
     if a.json:
         print(json.dumps(fp, indent=1))
     else:
-        print(f"{fp['model']} on {fp['backend']}: prefill {fp['prefill_sha']}, steps {' '.join(fp['steps_sha'])}")
+        print(
+            f"{fp['model']} on {fp['backend']}: prefill {fp['prefill_sha']}, steps {' '.join(fp['steps_sha'])}"
+        )
         print(f"greedy {fp['greedy']}")
     return 0
 

@@ -1,4 +1,4 @@
-"""The 512-bit decode kernels (dotwide.py) against the reference and the 128-bit kernels, on any host (LLVM
+"""The 512-bit decode kernels (dot_int16_512bit.py) against the reference and the 128-bit kernels, on any host (LLVM
 lowers their 512-bit vectors to what the host has)."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench._numba import numba
-from workbench.backends.numba_cpu import dotwide
+from workbench.backends.numba_cpu import dot_int16_512bit
 from workbench.backends.numba_cpu import matvec as mv
-from workbench.backends.numba_cpu.dot16 import make_dot_i16
+from workbench.backends.numba_cpu.dot_int16_128bit import make_dot_i16
+from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
@@ -19,7 +20,7 @@ from workbench.quant.repack import q6_k_to_i8
 
 WIDE_TYPES = [GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q4_K]
 # kernels by layout: the GGUF types above and Q6_K_I8 (Q6_K repacked at load), which both builds have
-DOTS = {t: (make_dot_i16(t), dotwide.make_dot_i16_wide(t)) for t in [*WIDE_TYPES, mv.Q6_K_I8]}
+DOTS = {t: (make_dot_i16(t), dot_int16_512bit.make_dot_i16_wide(t)) for t in [*WIDE_TYPES, Q6_K_I8]}
 
 
 def _rows_kernel(narrow, wide):
@@ -41,7 +42,7 @@ def _check(qtype: GGMLType, raw: np.ndarray, cols: int, rng: np.random.Generator
     """The wide and narrow kernels of ``qtype`` on ``raw`` (Q6_K: of its Q6_K_I8 repacking)."""
     x = rng.standard_normal((1, cols)).astype(np.float32)
     w = dequantize(raw, qtype).reshape(raw.shape[0], cols)
-    layout, data = (mv.Q6_K_I8, q6_k_to_i8(raw)) if qtype == GGMLType.Q6_K else (qtype, raw)
+    layout, data = (Q6_K_I8, q6_k_to_i8(raw)) if qtype == GGMLType.Q6_K else (qtype, raw)
     xq = np.empty(x.shape, np.int16)
     xd = np.empty((1, cols // 32), np.float32)
     xs = np.empty_like(xd)
@@ -79,11 +80,11 @@ def test_wide_dot_real_tensors(default_model):
 
 @pytest.mark.parametrize(("value", "wide"), [("wide", True), ("narrow", False), (" Narrow ", False)])
 def test_kernel_choice_from_environment(monkeypatch, value, wide):
-    monkeypatch.setenv(dotwide.KERNELS_ENV, value)
-    assert dotwide.use_wide_kernels() is wide
+    monkeypatch.setenv(dot_int16_512bit.KERNELS_ENV, value)
+    assert dot_int16_512bit.use_wide_kernels() is wide
 
 
 def test_bad_kernel_choice_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv(dotwide.KERNELS_ENV, "avx9")
+    monkeypatch.setenv(dot_int16_512bit.KERNELS_ENV, "avx9")
     with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be 'wide' or 'narrow'"):
-        dotwide.use_wide_kernels()
+        dot_int16_512bit.use_wide_kernels()

@@ -13,25 +13,23 @@ import pytest
 from numba import types
 
 from workbench._numba import numba
-from workbench.backends.numba_cpu import attend_simd, dot16, dotwide, interleaved, matvec, nm, qsimd
+from workbench.backends.numba_cpu import attend_simd, dispatch, dot_int16_128bit, dot_int16_512bit, nm, qsimd
 
 FLAGS = "fast|reassoc|nnan|ninf|nsz|arcp|contract|afn"
 FLOAT_OP = re.compile(rf"= (fadd|fsub|fmul|fdiv|fneg|call)((?: (?:{FLAGS}))*) ")
 
 
 def _intrinsics() -> dict[str, object]:
-    found = {
+    found = {  # every kernel of the cpu backend's table (kernel_table.KERNELS)
         name: obj
-        for name, obj in vars(matvec).items()
-        if re.fullmatch(r"(i16|f32|dq|v8)_q.*", name) and hasattr(obj, "_defn")
+        for name, obj in vars(dispatch).items()
+        if re.fullmatch(r"[a-z0-9_]+_q\w+", name) and hasattr(obj, "_defn")
     }
-    for f in dot16.BODIES:
-        found[f"narrow_{int(f)}"] = dot16.make_dot_i16(f)
-    for f in dotwide.BODIES:
-        found[f"wide_{int(f)}"] = dotwide.make_dot_i16_wide(f)
+    for f in dot_int16_128bit.BODIES:
+        found[f"narrow_{int(f)}"] = dot_int16_128bit.make_dot_i16(f)
+    for f in dot_int16_512bit.BODIES:
+        found[f"wide_{int(f)}"] = dot_int16_512bit.make_dot_i16_wide(f)
     found["score_keys"], found["weigh_values"] = attend_simd.score_keys, attend_simd.weigh_values
-    for name in ("dot16_q8_0", "dot16_q5_0", "dot16_q4_k"):
-        found[name] = getattr(interleaved, name)
     for kind in nm.VALUE_BYTES:
         found[f"nm_{kind}"] = nm.make_dot_2_4(kind)
     for asym in (False, True):
@@ -54,7 +52,14 @@ def _compiled_ir(fn) -> str:
 
 
 def test_the_intrinsics_are_all_found():
-    assert len(INTRINSICS) > 30 and {"i16_q8_0", "v8_q4_k", "score_keys", "wide_8"} <= set(INTRINSICS)
+    assert len(INTRINSICS) > 30 and {
+        "i16_q8_0",
+        "i8_q4_k",
+        "i16_x16_q4_k_r16",
+        "f32_rows8_q6_k",
+        "score_keys",
+        "wide_8",
+    } <= set(INTRINSICS)
 
 
 @pytest.mark.parametrize("name", sorted(INTRINSICS))

@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 
 from workbench.backends import make_backend
 from workbench.backends.base import Step
+from workbench.backends.numba_cpu import batched as rk
 from workbench.backends.numba_cpu import interleaved as il
 from workbench.backends.numba_cpu import matvec as mv
-from workbench.backends.numba_cpu import rows as rk
-from workbench.backends.numba_cpu import rows16 as r16
 from workbench.backends.numba_cpu.simd import Q4_K_R16, Q5_0_R16, Q8_0_R16
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
@@ -90,7 +89,7 @@ def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, units, t, 
     xp = np.zeros((rk.pad_rows(t), cols), np.float32)
     xp[:t] = x
     bq, bd, bs = _quantized(xp)
-    r16.matmul_rows3_i16(
+    rk.matmul_rows3_i16(
         fmt, packed, blocks, batched, 0, EMPTY_W, 0, EMPTY_O, 0, EMPTY_W, 0, EMPTY_O, bq, bd, bs, 16
     )
     np.testing.assert_array_equal(batched[:t], got)

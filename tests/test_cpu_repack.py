@@ -15,8 +15,9 @@ from tiny import TINY, tiny_vocab, tiny_weights
 import workbench as wb
 from workbench.backends import make_backend
 from workbench.backends.base import Step
+from workbench.backends.numba_cpu import batched as rk
 from workbench.backends.numba_cpu import matvec as mv
-from workbench.backends.numba_cpu import rows as rk
+from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.models.gguf_writer import write_gguf
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
@@ -95,7 +96,7 @@ def test_backend_repacks_q5_0_and_q6_k_weights_unless_told(default_model):
         tune = f"q5_0_as_q8_0={int(q5 == 'q8_0')},q5_0_as_x4={int(q5 == 'x4')},q6_k_as_i8={int(q6_on)}"
         cpu = make_backend("cpu", default_model, threads=2, act_quant="none", tune=tune)
         assert cpu.weights["blk.0.attn_q.weight"].fmt == q5_0[q5]
-        assert cpu.weights[q6].fmt == (mv.Q6_K_I8 if q6_on else int(GGMLType.Q6_K))
+        assert cpu.weights[q6].fmt == (Q6_K_I8 if q6_on else int(GGMLType.Q6_K))
         details = cpu.device.details
         assert (details["q5_0_as_q8_0"], details["q5_0_as_x4"], details["q6_k_as_i8"]) == (
             q5 == "q8_0",

@@ -8,9 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from repacked import LAYOUTS
 
+from workbench.backends.numba_cpu import batched as rk
 from workbench.backends.numba_cpu import matvec as mv
-from workbench.backends.numba_cpu import rows as rk
-from workbench.backends.numba_cpu import rows16 as r16
 from workbench.backends.numba_cpu.simd import format_code
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
@@ -30,7 +29,7 @@ def _quantized(x: np.ndarray):
 def _batched(fmt: int, data: np.ndarray, units: int, x: np.ndarray) -> np.ndarray:
     out = np.empty((len(x), data.shape[0]), np.float32)
     args = (_EMPTY_W, 0, _EMPTY_O)
-    r16.matmul_rows3_i16(fmt, data, units, out, 0, *args, 0, *args, *_quantized(x), 16)
+    rk.matmul_rows3_i16(fmt, data, units, out, 0, *args, 0, *args, *_quantized(x), 16)
     return out
 
 

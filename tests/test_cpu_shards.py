@@ -16,6 +16,7 @@ from workbench.backends.base import Step
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import program as pg
 from workbench.backends.numba_cpu import shards as sh
+from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.models.synth import random_blocks
 from workbench.quant.formats import GGMLType
 from workbench.quant.repack import q4_k_to_r16, q5_0_to_r16, q5_0_to_x4, q6_k_to_i8, q8_0_to_r16
@@ -26,7 +27,7 @@ FORMATS = {  # layout: GGUF type, its CpuWeight.fmt, repacking, values of a unit
     "Q4_K": (GGMLType.Q4_K, int(GGMLType.Q4_K), None, 256),
     "Q6_K": (GGMLType.Q6_K, int(GGMLType.Q6_K), None, 256),
     "Q5_0_X4": (GGMLType.Q5_0, mv.Q5_0_X4, q5_0_to_x4, 128),
-    "Q6_K_I8": (GGMLType.Q6_K, mv.Q6_K_I8, q6_k_to_i8, 256),
+    "Q6_K_I8": (GGMLType.Q6_K, Q6_K_I8, q6_k_to_i8, 256),
     "Q8_0_R16": (GGMLType.Q8_0, sh.R16_FMTS[0], q8_0_to_r16, 32),
     "Q5_0_R16": (GGMLType.Q5_0, sh.R16_FMTS[1], q5_0_to_r16, 32),
     "Q4_K_R16": (GGMLType.Q4_K, sh.R16_FMTS[2], q4_k_to_r16, 256),

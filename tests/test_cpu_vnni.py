@@ -1,4 +1,4 @@
-"""The int8 VNNI decode kernels (dotvnni.py) against the int16 kernels at the same 127 levels (the same
+"""The int8 VNNI decode kernels (dot_int8_vnni.py) against the int16 kernels at the same 127 levels (the same
 integers: only the order of float sums differs) and against the reference; on a host without AVX512-VNNI
 their instruction is built from plain IR, so the layouts are checked anywhere."""
 
@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.backends.numba_cpu import matvec as mv
-from workbench.backends.numba_cpu.dotvnni import VNNI_ORDER
+from workbench.backends.numba_cpu.dot_int8_vnni import VNNI_ORDER
+from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.models.synth import random_blocks
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
@@ -21,7 +22,7 @@ LAYOUTS = {
     GGMLType.Q8_0: (mv.Q8_0, None),
     GGMLType.Q5_0: (mv.Q5_0_X4, q5_0_to_x4),
     GGMLType.Q4_K: (mv.Q4_K, None),
-    GGMLType.Q6_K: (mv.Q6_K_I8, q6_k_to_i8),
+    GGMLType.Q6_K: (Q6_K_I8, q6_k_to_i8),
 }
 
 
@@ -41,7 +42,9 @@ def _check(qtype: GGMLType, raw: np.ndarray, cols: int, rng: np.random.Generator
     outs = []
     for vnni in (False, True):
         out = np.full((t, raw.shape[0]), np.nan, np.float32)
-        mv._rows_i16(layout, data, n_units, 0, raw.shape[0], *_codes(x, vnni), out, 0)
+        mv.rows_i16_at(
+            layout, data.ctypes.data, data.shape[1], n_units, 0, raw.shape[0], *_codes(x, vnni), out, 0
+        )
         outs.append(out)
     w = dequantize(raw, qtype).reshape(raw.shape[0], cols)
     scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
@@ -108,7 +111,7 @@ def test_int8_backend_runs_the_vnni_kernels(default_model, monkeypatch):
     assert plain.xq.dtype == np.int16
     rng = np.random.default_rng(6)
     names = [n for n in vnni.weights if n.startswith(("blk.0.", "blk.1.")) or n == "token_embd.weight"]
-    assert {vnni.weights[n].fmt for n in names} == {mv.Q8_0, mv.Q5_0_X4, mv.Q4_K, mv.Q6_K_I8}
+    assert {vnni.weights[n].fmt for n in names} == {mv.Q8_0, mv.Q5_0_X4, mv.Q4_K, Q6_K_I8}
     for name in names:
         x = rng.standard_normal((1, vnni.weights[name].cols)).astype(np.float32)
         (got,), (want,) = vnni.project(x, (name,)), plain.project(x, (name,))

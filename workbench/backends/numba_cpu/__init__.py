@@ -42,18 +42,17 @@ from ...quant.repack import (
 )
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+from . import batched, dispatch
 from . import gemma3n as g3
 from . import interleaved as il
 from . import kernels as k
 from . import matvec as mv
 from . import program as pg
 from . import qformats as qf
-from . import rows as rk
-from . import rows16 as r16
 from . import shards as sh
 from . import sparse as sp
 from .compile_progress import CompileProgress
-from .simd import Q4_K_R16, Q5_0_R16, Q8_0_R16, format_code
+from .simd import Q4_K_R16, Q5_0_R16, Q6_K_I8, Q8_0_R16, format_code
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
 # the GGUF types whose rows the backend interleaves 16 at a time (interleave_rows): layout, repacking
@@ -163,8 +162,8 @@ class CpuBackend(Backend):
         # Steps of up to gemv_max_rows rows (batched decode, speculative verification) run the one-row
         # kernels for each row over each weight row, as single-token steps compute them. Steps of
         # batch_min_rows..batch_rows rows use the batched kernels, which compute rows in groups of 8 (a row's
-        # result independent of the batch): rows16.py with act_quant int16/int8 (activations quantized as
-        # single-token decode quantizes them), rows.py with act_quant none (exact float activations). The
+        # result independent of the batch): dot_int16_rows8.py with act_quant int16/int8 (activations quantized as
+        # single-token decode quantizes them), dot_f32_rows8.py with act_quant none (exact float activations). The
         # batched kernels start above 8 rows: below, the one-row kernels were faster (figures:
         # docs/backend-cpu.md#batched-kernels).
         self.batch_rows = self.tunable("batch_rows", batch_rows)
@@ -172,7 +171,7 @@ class CpuBackend(Backend):
         # Q5_0 weights converted at load to Q8_0 blocks of the same values (workbench.quant.repack): 55% more
         # bytes, but on AVX2 hosts a Q8_0 block computes in ~2/3 of a Q5_0 block's time (its fifth bits
         # cost a third of the work), and decode's Q5_0 projections are compute-bound. Default: on, except
-        # with the 512-bit kernels (dotwide.py), whose Q5_0 rows ran as fast as the repacked ones for less to
+        # with the 512-bit kernels (dot_int16_512bit.py), whose Q5_0 rows ran as fast as the repacked ones for less to
         # read and hold (figures: docs/backend-cpu.md#512-bit-kernels)
         if q5_0_as_q8_0 is None:
             q5_0_as_q8_0 = not mv.WIDE
@@ -188,7 +187,7 @@ class CpuBackend(Backend):
         # no longer rebuilt per token (figures: docs/backend-cpu.md#128-bit-kernels)
         self.q6_k_as_i8 = self.tunable("q6_k_as_i8", q6_k_as_i8)
         # Q8_0, Q5_0 and Q4_K weights (of a multiple of 16 rows) with 16 rows interleaved at load (Q8_0_R16,
-        # Q5_0_R16, Q4_K_R16: interleaved.py), as many bytes, one vpdpwssd per pair of values of 16 rows
+        # Q5_0_R16, Q4_K_R16: dot_int16_interleaved.py), as many bytes, one vpdpwssd per pair of values of 16 rows
         # (figures: docs/backend-cpu.md#rows-interleaved-16-at-a-time). Default: on AVX512-VNNI hosts with
         # int16 activations (the int8 and float paths have no interleaved kernels and would read such rows
         # back one by one); never for the weights of sparse ops, which read single rows
@@ -222,7 +221,7 @@ class CpuBackend(Backend):
         # (weight, shards, shard) -> (weight-table row, array): a shard's columns copied (shards.py)
         self.col_shares: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray] | None] = {}
         self.levels = ACT_QUANT[act_quant]
-        self.vnni = act_quant == "int8" and mv.VNNI  # int8 activations by vpdpbusd (dotvnni.py)
+        self.vnni = act_quant == "int8" and mv.VNNI  # int8 activations by vpdpbusd (dot_int8_vnni.py)
         self._rope: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._n_threads = self.threads or numba.config.NUMBA_NUM_THREADS
         self._blas = ThreadpoolController()
@@ -293,7 +292,7 @@ class CpuBackend(Backend):
         if qt.type == GGMLType.Q5_0 and self.q5_0_as_x4 and qt.cols % Q5_0_X4_VALUES == 0:
             return CpuWeight(name, qt.type, mv.Q5_0_X4, q5_0_to_x4(qt.raw), qt.cols // Q5_0_X4_VALUES)
         if qt.type == GGMLType.Q6_K and self.q6_k_as_i8:
-            return CpuWeight(name, qt.type, mv.Q6_K_I8, q6_k_to_i8(qt.raw), mv.units(qt.type, qt.cols))
+            return CpuWeight(name, qt.type, Q6_K_I8, q6_k_to_i8(qt.raw), mv.units(qt.type, qt.cols))
         if qt.type in mv.QUANT_TYPES:
             return CpuWeight(name, qt.type, int(qt.type), qt.raw, mv.units(qt.type, qt.cols))
         if qt.type in mv.FLOAT_TYPES:
@@ -487,7 +486,7 @@ class CpuBackend(Backend):
     def _project_rows(self, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
         """Each weight block decoded once for all rows of ``x`` (batched decode, verification)."""
         n = x.shape[0]
-        xp = np.zeros((rk.pad_rows(n), x.shape[1]), np.float32)
+        xp = np.zeros((batched.pad_rows(n), x.shape[1]), np.float32)
         xp[:n] = x
         if self.levels:
             xq, xd = np.empty(xp.shape, np.int16), np.empty((len(xp), x.shape[1] // 32), np.float32)
@@ -500,9 +499,9 @@ class CpuBackend(Backend):
                 w = ws[i + j] if i + j < len(ws) else None
                 slots += [w.fmt, w.data, w.n_units, outs[i + j]] if w else [0, _EMPTY_W, 0, _EMPTY_O]
             if self.levels:
-                r16.matmul_rows3_i16(*slots, xq, xd, xs, self.rows_per_task)
+                batched.matmul_rows3_i16(*slots, xq, xd, xs, self.rows_per_task)
             else:
-                rk.matmul_rows3(*slots, xp, self.rows_per_task)
+                batched.matmul_rows3(*slots, xp, self.rows_per_task)
         return [o[:n] for o in outs]
 
     def _gemm_stacked(self, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
@@ -584,7 +583,7 @@ def _cache_misses() -> int:
 
 _DISPATCHERS = [
     getattr(m, n)
-    for m in (k, mv, qf, sp, rk, r16, il, sh, g3)
+    for m in (k, mv, qf, sp, batched, dispatch, il, sh, g3)
     for n in dir(m)
     if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
 ]

@@ -239,7 +239,7 @@ def _one_scale_body(qtype: GGMLType):
 
 
 # -- k-quants: 256-value superblocks -------------------------------------------------------------------
-def _k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
+def k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
     """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4-15) as two <8 x float>
     (ggml's unpacking done on three 32-bit words, as its SIMD code does)."""
     u0, u1, u2 = (_load(b, base, 4 + 4 * i, I32) for i in range(3))
@@ -280,7 +280,7 @@ def _kquant_body(high_bits: bool):
                 _prefetch(b, base, PREFETCH_AHEAD + off)
             x0 = b.mul(u, ir.Constant(I64, 8))
             d, dmin = _half(b, base, 0), _half(b, base, 2)
-            sc, mn = _k_scales_mins(b, base)
+            sc, mn = k_scales_mins(b, base)
             xd = r.vec8(r.xd, x0)
             scales = b.fmul(b.fmul(sc, _splat(b, d, 8), flags=FAST), xd, flags=FAST)
             b.store(b.fmul(scales, parity, flags=FAST), stack)

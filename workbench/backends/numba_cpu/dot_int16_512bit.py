@@ -1,6 +1,6 @@
 """Decode dot products with int16 activations for hosts with AVX-512BW: a whole 32-value block per instruction.
 
-:mod:`.dot16` builds its kernels from 128-bit operations, the fastest form on cores that split wider ones
+:mod:`.dot_int16_128bit` builds its kernels from 128-bit operations, the fastest form on cores that split wider ones
 in two. A host with AVX-512BW executes 512-bit integer operations whole, so here each 32-value block is
 decoded into one ``<32 x i16>`` vector and multiplied with the block's activations by one ``vpmaddwd``, and
 its ``<16 x i32>`` pair sums go into 16-lane float accumulators by one conversion and one FMA. Q5_0's fifth
@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
-from .dot16 import _k_scales_mins
+from .dot_int16_128bit import k_scales_mins
 from .simd import (
     F32,
     FAST,
@@ -53,7 +53,7 @@ from .simd import (
     vt,
 )
 
-# bytes of the weight stream prefetched ahead: farther than dot16's 2 KB, which left the LM head slower on
+# bytes of the weight stream prefetched ahead: farther than dot_int16_128bit's 2 KB, which left the LM head slower on
 # an AVX-512 host (figures: docs/backend-cpu.md#prefetching)
 PREFETCH_AHEAD = 8192
 LANES = 16  # float lanes of an accumulator (the <16 x i32> pair sums of one block)
@@ -61,7 +61,7 @@ ACCS = 4  # independent accumulators
 GROUP = 8  # one-scale blocks whose fp16 scales are converted at once
 
 
-class _WideRow:
+class WideRow:
     """One row's dot product: pointers, 16-lane float accumulators and one for offsets and mins."""
 
     def __init__(self, b: ir.IRBuilder, args):
@@ -139,7 +139,7 @@ _ONE_SCALE: dict[int, tuple[int, Callable[[ir.IRBuilder, ir.Value], ir.Value]]] 
 def _one_scale_body(qtype: int):
     unit, words = _ONE_SCALE[qtype]
 
-    def codegen(r: _WideRow) -> ir.Value:
+    def codegen(r: WideRow) -> ir.Value:
         b = r.b
         n_groups = b.udiv(r.n, ir.Constant(I64, GROUP))
         with cgutils.for_range(b, n_groups) as loop:
@@ -165,13 +165,13 @@ def _one_scale_body(qtype: int):
 
 
 # -- Q4_K: 256-value superblocks -----------------------------------------------------------------------
-def _nibble_words(b: ir.IRBuilder, base: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
+def nibble_words(b: ir.IRBuilder, base: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
     """The low and the high nibbles of the 32 bytes at ``offset`` as two <32 x i16> (one ``vpmovzxbw``)."""
     w = b.zext(_load(b, base, offset, vt(I8, 32)), vt(I16, 32))
     return b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32))
 
 
-def _q4_k_body(r: _WideRow) -> ir.Value:
+def _q4_k_body(r: WideRow) -> ir.Value:
     """Chunk c's 32 bytes hold sub-block 2c in the low nibbles and 2c + 1 in the high ones: widened once
     (``vpmovzxbw``), masked and shifted into the two sub-blocks' words; the 8 scales (d x scale x the
     sub-block's activation scale) converted once per superblock into a table, mins subtracted as
@@ -179,7 +179,7 @@ def _q4_k_body(r: _WideRow) -> ir.Value:
     b = r.b
     table = cgutils.alloca_once(b, vt(F32, 8))
     with r.units(144, 8) as (base, x0):
-        sc, mn = _k_scales_mins(b, base)
+        sc, mn = k_scales_mins(b, base)
         xd = _f32x8(b, r.xd, x0)
         # d and dmin converted from memory with the next 4 bytes (``vcvtph2ps xmm, m64``): a scalar half
         # became a ``vpinsrw`` merging into the register of an accumulator, chaining superblocks
@@ -190,14 +190,14 @@ def _q4_k_body(r: _WideRow) -> ir.Value:
         r.sub(b.fmul(mins, _f32x8(b, r.xs, x0), flags=FAST))
         scale = b.bitcast(table, ptr(F32))
         for c in range(4):
-            for k, words in enumerate(_nibble_words(b, base, 16 + 32 * c)):
+            for k, words in enumerate(nibble_words(b, base, 16 + 32 * c)):
                 blk = b.add(x0, ir.Constant(I64, 2 * c + k))
                 r.add(k, words, blk, b.load(b.gep(scale, [ir.Constant(I64, 2 * c + k)])))
     return r.result()
 
 
 # -- Q5_0_X4: four Q5_0 blocks regrouped at load (workbench.quant.repack) -------------------------------
-def _q5_0_x4_body(r: _WideRow) -> ir.Value:
+def _q5_0_x4_body(r: WideRow) -> ir.Value:
     """Each 32-byte nibble pair widened once (``vpmovzxbw``) and masked or shifted into two whole blocks in
     value order (no cross-lane concatenation); nibble - 16 where a value's fifth bit (a ``kmovd`` mask) is
     clear; the 4 scales converted at once. (Scales from a table in memory as broadcast FMA operands instead
@@ -207,7 +207,7 @@ def _q5_0_x4_body(r: _WideRow) -> ir.Value:
         dw = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
         scales = b.fmul(dw, b.load(b.bitcast(b.gep(r.xd, [x0]), ptr(vt(F32, 4))), align=4), flags=FAST)
         for p in range(2):
-            for k, nib in enumerate(_nibble_words(b, base, 24 + 32 * p)):
+            for k, nib in enumerate(nibble_words(b, base, 24 + 32 * p)):
                 g = 2 * p + k
                 words = _with_fifth_bits(b, nib, _load(b, base, 8 + 4 * g, I32))
                 blk = b.add(x0, ir.Constant(I64, g))
@@ -216,7 +216,7 @@ def _q5_0_x4_body(r: _WideRow) -> ir.Value:
 
 
 # -- Q6_K_I8: Q6_K with int8 codes (workbench.quant.repack) ---------------------------------------------
-def _q6_k_i8_body(r: _WideRow) -> ir.Value:
+def _q6_k_i8_body(r: WideRow) -> ir.Value:
     """Each 32 codes widened as Q8_0's (one ``vpmovsxbw``); their pair sums 0-7 and 8-15 cover values 0-15
     and 16-31, so one FMA applies both 16-value scales (d x scale x the block's activation scale, from the
     16 scales converted once per superblock)."""
@@ -234,7 +234,7 @@ def _q6_k_i8_body(r: _WideRow) -> ir.Value:
     return r.result()
 
 
-BODIES: dict[int, Callable[[_WideRow], ir.Value]] = {
+BODIES: dict[int, Callable[[WideRow], ir.Value]] = {
     **{t: _one_scale_body(t) for t in _ONE_SCALE},
     GGMLType.Q4_K: _q4_k_body,
     Q5_0_X4: _q5_0_x4_body,
@@ -244,7 +244,7 @@ BODIES: dict[int, Callable[[_WideRow], ir.Value]] = {
 
 def make_dot_i16_wide(qtype: int):
     """``dot(w_addr, xq_addr, xd_addr, xs_addr, n_units) -> float32`` (the signature of
-    :func:`.dot16.make_dot_i16`) for Q8_0, Q5_0, Q4_K, Q5_0_X4 and Q6_K_I8 rows, in 512-bit operations."""
+    :func:`.dot_int16_128bit.make_dot_i16`) for Q8_0, Q5_0, Q4_K, Q5_0_X4 and Q6_K_I8 rows, in 512-bit operations."""
     body = BODIES[qtype]
 
     @intrinsic
@@ -252,7 +252,7 @@ def make_dot_i16_wide(qtype: int):
         sig = types.float32(types.intp, types.intp, types.intp, types.intp, types.intp)
 
         def codegen(context, b, signature, args):
-            return body(_WideRow(b, args))
+            return body(WideRow(b, args))
 
         return sig, codegen
 

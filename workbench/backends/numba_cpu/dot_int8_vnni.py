@@ -5,7 +5,7 @@ With ``act_quant="int8"`` (llama.cpp's numerics: activations rounded to 127 leve
 quantizer also writes each activation row as int8 (:func:`.matvec.quantize_rows_i16`), and these kernels
 multiply the weights' codes, made unsigned (Q8_0 + 128, Q5_0 + 16, Q6_K + 32, Q4_K's nibbles as they are),
 with those bytes: one ``vpdpbusd`` sums 4 products into each of 16 int32 lanes. A weight offset is taken
-back per block as ``offset x weight scale x activation scale x sum(activations)`` (``xs``), as dot16.py
+back per block as ``offset x weight scale x activation scale x sum(activations)`` (``xs``), as dot_int16_128bit.py
 takes back Q4_0's; Q6_K's per-16 scales take theirs back in the integer lanes. The integers are those of
 the int16 kernels at 127 levels, so the two agree up to the order of float sums.
 
@@ -28,8 +28,8 @@ from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
-from .dot16 import _k_scales_mins
-from .dotwide import _WideRow
+from .dot_int16_128bit import k_scales_mins
+from .dot_int16_512bit import WideRow
 from .simd import (
     F32,
     FAST,
@@ -84,8 +84,8 @@ def _pair_lanes(b: ir.IRBuilder, scales: ir.Value, i: int, j: int) -> ir.Value:
     return b.shuffle_vector(scales, scales, _const_vec(I32, [i] * 8 + [j] * 8))
 
 
-class _VnniRow(_WideRow):
-    """dotwide's row (its loop over units, float accumulators, offsets and result) over the int8 copy of
+class _VnniRow(WideRow):
+    """dot_int16_512bit's row (its loop over units, float accumulators, offsets and result) over the int8 copy of
     the activations: one 64-byte vector per pair of blocks, multiplied by ``vpdpbusd``."""
 
     ZERO = ir.Constant(vt(I32, LANES), [0] * LANES)
@@ -176,7 +176,7 @@ def _q4_k_body(r: _VnniRow) -> ir.Value:
     b = r.b
     low = _const_vec(I8, [15] * 64)
     with r.units(144, 8) as (base, x0):
-        sc, mn = _k_scales_mins(b, base)
+        sc, mn = k_scales_mins(b, base)
         xd = _f32x8(b, r.xd, x0)
         dd = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
         d, dmin = (b.shuffle_vector(dd, dd, _const_vec(I32, [i] * 8)) for i in (0, 1))

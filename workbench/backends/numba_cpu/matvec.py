@@ -17,20 +17,17 @@ from ..._numba import numba
 from ...quant.formats import GGMLType
 from ...quant.repack import ROW_GROUP
 from .addr import i16_ptr, prefetch
-from .dot16 import make_dot_i16
-from .dotvnni import HAS_VNNI, UNIT_VALUES, VNNI_ORDER, make_dot_vnni
-from .dotwide import make_dot_i16_wide, use_wide_kernels
+from .dispatch import dequant_row, dot_rows_f32, dot_rows_i8, dot_rows_i16
+from .dot_int8_vnni import HAS_VNNI, UNIT_VALUES, VNNI_ORDER
 from .interleaved import gguf_row
 from .interleaved import rows_i16 as r16_rows_i16
+from .kernel_table import WIDE
 from .simd import (
     DECODERS,
     INTERLEAVED,
     Q5_0_X4,
-    Q6_K_I8,
     R16_FMTS,
     REPACKED,
-    make_dequant,
-    make_dot_f32,
 )
 
 njit, prange = numba.njit, numba.prange
@@ -44,32 +41,12 @@ QUANT_TYPES = frozenset(DECODERS)
 QUANT_FMTS = frozenset(int(t) for t in QUANT_TYPES) | frozenset(REPACKED) | frozenset(INTERLEAVED)
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-# AVX-512BW hosts: Q8_0, Q5_0, Q4_K, Q6_K_I8 rows in 512-bit operations (dotwide.py)
-WIDE = use_wide_kernels()
-i16_q4_0, i16_q5_k, i16_q6_k = (make_dot_i16(GGMLType(t)) for t in (Q4_0, Q5_K, Q6_K))
-i16_q8_0, i16_q5_0, i16_q4_k = (
-    (make_dot_i16_wide if WIDE else make_dot_i16)(GGMLType(t)) for t in (Q8_0, Q5_0, Q4_K)
-)
-f32_q8_0, f32_q4_0, f32_q5_0, f32_q4_k, f32_q5_k, f32_q6_k = (
-    make_dot_f32(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
-)
-dq_q8_0, dq_q4_0, dq_q5_0, dq_q4_k, dq_q5_k, dq_q6_k = (
-    make_dequant(GGMLType(t)) for t in (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)
-)
-i16_q6_k_i8 = (make_dot_i16_wide if WIDE else make_dot_i16)(Q6_K_I8)
-f32_q6_k_i8, dq_q6_k_i8 = make_dot_f32(Q6_K_I8), make_dequant(Q6_K_I8)
-# Q5_0_X4 is repacked on AVX-512BW hosts only; its 512-bit kernel compiles (and is correct) anywhere
-i16_q5_0_x4, f32_q5_0_x4, dq_q5_0_x4 = (
-    make_dot_i16_wide(Q5_0_X4),
-    make_dot_f32(Q5_0_X4),
-    make_dequant(Q5_0_X4),
-)
+# every row kernel is in kernel_table.KERNELS, called through the generated dispatch functions
 
 
 # AVX512-VNNI hosts (with the 512-bit kernels): int8 activations multiply Q8_0, Q5_0_X4, Q4_K and Q6_K_I8
-# rows by vpdpbusd (dotvnni.py), from an int8 copy that the quantizer writes into int8 buffers (act_codes)
+# rows by vpdpbusd (dot_int8_vnni.py), from an int8 copy that the quantizer writes into int8 buffers (act_codes)
 VNNI = WIDE and HAS_VNNI
-v8_q8_0, v8_q5_0_x4, v8_q4_k, v8_q6_k_i8 = (make_dot_vnni(f) for f in (Q8_0, Q5_0_X4, Q4_K, Q6_K_I8))
 V8_Q8_0_VALUES, V8_X4_VALUES, V8_K_VALUES = UNIT_VALUES[Q8_0], UNIT_VALUES[Q5_0_X4], UNIT_VALUES[Q4_K]
 
 
@@ -96,7 +73,7 @@ def _vnni_block(blk, n_blocks):  # pragma: no cover - compiled
 def quantize_rows_i16(x, levels, xq, xd, xs):  # pragma: no cover - compiled
     """Per 32-value block: scale = max|x| / levels, codes = round(x / scale), xs = sum(codes) (for k-quant
     mins). ``xq`` int16: the codes; int8 (:func:`act_codes`, levels <= 127): each row holds the codes as
-    int16 in its first 2 x cols bytes and then as int8 in the VNNI kernels' block order (dotvnni.py)."""
+    int16 in its first 2 x cols bytes and then as int8 in the VNNI kernels' block order (dot_int8_vnni.py)."""
     t_n, k = x.shape
     nb = k // 32
     for t in range(t_n):
@@ -141,11 +118,11 @@ ROWS_PER_TASK = 16  # default rows per parallel task (tunable ``rows_per_task``:
 @njit(cache=True)
 def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """out[t, c0 + i] = row r0 + i of w . activation row t, for rows r0..r1 and every activation row."""
-    _rows_i16_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, xq, xd, xs, out, c0)
+    rows_i16_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, xq, xd, xs, out, c0)
 
 
 @njit(cache=True)
-def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
+def rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """:func:`_rows_i16` for a weight given by its address ``wa`` and row bytes ``rb``; an int8 ``xq``
     (:func:`act_codes`) runs the VNNI kernels where the format has one."""
     if fmt in R16_FMTS:
@@ -157,36 +134,13 @@ def _rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: 
             xd.ctypes.data + t * xd.strides[0],
             xs.ctypes.data + t * xs.strides[0],
         )
-        if xq.itemsize == 1 and _rows_vnni(fmt, wa, rb, n_units, r0, r1, q, d, s, out[t], c0):
+        if xq.itemsize == 1 and rows_i8(fmt, wa, rb, n_units, r0, r1, q, d, s, out[t], c0):
             continue
-        if fmt == Q8_0:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q8_0(wa + n * rb, q, d, s, n_units)
-        elif fmt == Q5_0:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q5_0(wa + n * rb, q, d, s, n_units)
-        elif fmt == Q4_K:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q4_k(wa + n * rb, q, d, s, n_units)
-        elif fmt == Q5_0_X4:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q5_0_x4(wa + n * rb, q, d, s, n_units)
-        elif fmt == Q6_K_I8:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q6_k_i8(wa + n * rb, q, d, s, n_units)
-        elif fmt == Q6_K:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q6_k(wa + n * rb, q, d, s, n_units)
-        elif fmt == Q4_0:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q4_0(wa + n * rb, q, d, s, n_units)
-        else:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = i16_q5_k(wa + n * rb, q, d, s, n_units)
+        dot_rows_i16(fmt, wa, rb, n_units, r0, r1, q, d, s, out[t], c0)
 
 
 @njit(cache=True)
-def _rows_vnni(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no cover - compiled
+def rows_i8(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no cover - compiled
     """out[c0 + i] = row r0 + i . the activation row whose codes start at ``q`` (int16, then the int8 copy)
     by the VNNI kernels (the int8 copy after the 2 x cols bytes of int16 codes); False (nothing done) for a
     format without one."""
@@ -195,70 +149,33 @@ def _rows_vnni(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no co
     q8 = q + 2 * n_units * (
         V8_Q8_0_VALUES if fmt == Q8_0 else V8_X4_VALUES if fmt == Q5_0_X4 else V8_K_VALUES
     )
-    if fmt == Q8_0:
-        for n in range(r0, r1):
-            out[c0 + n - r0] = v8_q8_0(wa + n * rb, q8, d, s, n_units)
-    elif fmt == Q5_0_X4:
-        for n in range(r0, r1):
-            out[c0 + n - r0] = v8_q5_0_x4(wa + n * rb, q8, d, s, n_units)
-    elif fmt == Q4_K:
-        for n in range(r0, r1):
-            out[c0 + n - r0] = v8_q4_k(wa + n * rb, q8, d, s, n_units)
-    elif fmt == Q6_K_I8:
-        for n in range(r0, r1):
-            out[c0 + n - r0] = v8_q6_k_i8(wa + n * rb, q8, d, s, n_units)
-    else:
-        return False
-    return True
+    return dot_rows_i8(fmt, wa, rb, n_units, r0, r1, q8, d, s, out, c0)
 
 
 @njit(cache=True)
 def _rows_f32(fmt, w, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
-    _rows_f32_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, x, xs, out, c0)
+    rows_f32_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, x, xs, out, c0)
 
 
 @njit(cache=True)
-def _rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
-    """The exact-float twin of :func:`_rows_i16_at`."""
+def rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
+    """The exact-float twin of :func:`rows_i16_at`."""
     if fmt in R16_FMTS:
         rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0)
         return
     for t in range(x.shape[0]):
         xp, s = x.ctypes.data + t * x.strides[0], xs.ctypes.data + t * xs.strides[0]
-        if fmt == Q8_0:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q8_0(wa + n * rb, xp, s, n_units)
-        elif fmt == Q5_0:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q5_0(wa + n * rb, xp, s, n_units)
-        elif fmt == Q4_K:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q4_k(wa + n * rb, xp, s, n_units)
-        elif fmt == Q5_0_X4:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q5_0_x4(wa + n * rb, xp, s, n_units)
-        elif fmt == Q6_K_I8:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q6_k_i8(wa + n * rb, xp, s, n_units)
-        elif fmt == Q6_K:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q6_k(wa + n * rb, xp, s, n_units)
-        elif fmt == Q4_0:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q4_0(wa + n * rb, xp, s, n_units)
-        else:
-            for n in range(r0, r1):
-                out[t, c0 + n - r0] = f32_q5_k(wa + n * rb, xp, s, n_units)
+        dot_rows_f32(fmt, wa, rb, n_units, r0, r1, xp, s, out[t], c0)
 
 
 @njit(cache=True)
 def rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0):  # pragma: no cover - compiled
-    """out[t, c0 + n - r0] = row n . x[t] for rows r0..r1, each row dequantized (:func:`_dequant`) and
+    """out[t, c0 + n - r0] = row n . x[t] for rows r0..r1, each row dequantized (:func:`dequant_row_at`) and
     summed in float in value order: the exact path of the interleaved layouts, which have no float kernel
     (the backend interleaves only for quantized activations)."""
     w = np.empty(x.shape[1], np.float32)  # the row's values
     for n in range(r0, r1):
-        _dequant(fmt, wa, rb, n, w.ctypes.data, n_units)
+        dequant_row_at(fmt, wa, rb, n, w.ctypes.data, n_units)
         for t in range(x.shape[0]):
             s = np.float32(0.0)
             for i in range(w.shape[0]):
@@ -267,32 +184,17 @@ def rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0):  # pragma: no
 
 
 @njit(cache=True)
-def _dequant(fmt, wa, rb, n, out, n_units):  # pragma: no cover - compiled
+def dequant_row_at(fmt, wa, rb, n, out, n_units):  # pragma: no cover - compiled
     """Row ``n`` of the weight at ``wa`` (``rb`` bytes a row) as float32 at ``out``."""
     row = wa + n * rb
     if fmt in R16_FMTS:
         buf = np.empty(rb, np.uint8)
         fmt, row = gguf_row(fmt, wa, rb, n, buf), buf.ctypes.data
-    if fmt == Q8_0:
-        dq_q8_0(row, out, n_units)
-    elif fmt == Q5_0:
-        dq_q5_0(row, out, n_units)
-    elif fmt == Q4_K:
-        dq_q4_k(row, out, n_units)
-    elif fmt == Q5_0_X4:
-        dq_q5_0_x4(row, out, n_units)
-    elif fmt == Q6_K_I8:
-        dq_q6_k_i8(row, out, n_units)
-    elif fmt == Q6_K:
-        dq_q6_k(row, out, n_units)
-    elif fmt == Q4_0:
-        dq_q4_0(row, out, n_units)
-    else:
-        dq_q5_k(row, out, n_units)
+    dequant_row(fmt, row, out, n_units)
 
 
 @njit(cache=True)
-def _tasks(n_rows, rpt):  # pragma: no cover - compiled
+def task_count(n_rows, rpt):  # pragma: no cover - compiled
     return (n_rows + rpt - 1) // rpt
 
 
@@ -308,7 +210,7 @@ def matvec_i16(fmt, w, n_units, xq, xd, xs, out, rpt=ROWS_PER_TASK):  # pragma: 
     """out[t, n] = dot(row n of w, activation row t), activations int16-quantized per 32-block."""
     n = w.shape[0]
     rpt = task_size(fmt, rpt)
-    for i in prange(_tasks(n, rpt)):
+    for i in prange(task_count(n, rpt)):
         r0 = i * rpt
         _rows_i16(fmt, w, n_units, r0, min(n, r0 + rpt), xq, xd, xs, out, r0)
 
@@ -321,8 +223,8 @@ def matvec3_i16(
 
     Unused slots pass weights with zero rows."""
     p0, p1, p2 = task_size(f0, rpt), task_size(f1, rpt), task_size(f2, rpt)
-    t0, t1 = _tasks(w0.shape[0], p0), _tasks(w1.shape[0], p1)
-    for i in prange(t0 + t1 + _tasks(w2.shape[0], p2)):
+    t0, t1 = task_count(w0.shape[0], p0), task_count(w1.shape[0], p1)
+    for i in prange(t0 + t1 + task_count(w2.shape[0], p2)):
         if i < t0:
             r0 = i * p0
             _rows_i16(f0, w0, u0, r0, min(w0.shape[0], r0 + p0), xq, xd, xs, o0, r0)
@@ -338,7 +240,7 @@ def matvec3_i16(
 def matvec_f32(fmt, w, n_units, x, xs, out, rpt=ROWS_PER_TASK):  # pragma: no cover - compiled
     """out[t, n] = dot(row n of w, x[t]) with exact float activations."""
     n = w.shape[0]
-    for i in prange(_tasks(n, rpt)):
+    for i in prange(task_count(n, rpt)):
         r0 = i * rpt
         _rows_f32(fmt, w, n_units, r0, min(n, r0 + rpt), x, xs, out, r0)
 
@@ -346,8 +248,8 @@ def matvec_f32(fmt, w, n_units, x, xs, out, rpt=ROWS_PER_TASK):  # pragma: no co
 @njit(parallel=True, cache=True)
 def matvec3_f32(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, x, xs, rpt):  # pragma: no cover - compiled
     """The exact-float twin of :func:`matvec3_i16`."""
-    t0, t1 = _tasks(w0.shape[0], rpt), _tasks(w1.shape[0], rpt)
-    for i in prange(t0 + t1 + _tasks(w2.shape[0], rpt)):
+    t0, t1 = task_count(w0.shape[0], rpt), task_count(w1.shape[0], rpt)
+    for i in prange(t0 + t1 + task_count(w2.shape[0], rpt)):
         if i < t0:
             r0 = i * rpt
             _rows_f32(f0, w0, u0, r0, min(w0.shape[0], r0 + rpt), x, xs, o0, r0)
@@ -364,7 +266,7 @@ def dequantize_rows(fmt, w, n_units, row0, out):  # pragma: no cover - compiled
     """out[i] = float32 values of row ``row0 + i`` of w, for every row of ``out``."""
     rb = w.shape[1]
     for i in prange(out.shape[0]):
-        _dequant(fmt, w.ctypes.data, rb, row0 + i, out.ctypes.data + i * out.strides[0], n_units)
+        dequant_row_at(fmt, w.ctypes.data, rb, row0 + i, out.ctypes.data + i * out.strides[0], n_units)
 
 
 @njit(cache=True)
@@ -372,7 +274,7 @@ def dequantize_gather(fmt, w, n_units, rows, out):  # pragma: no cover - compile
     """out[i] = float32 values of row ``rows[i]`` of w (embedding lookup)."""
     rb = w.shape[1]
     for i in range(rows.shape[0]):
-        _dequant(fmt, w.ctypes.data, rb, rows[i], out.ctypes.data + i * out.strides[0], n_units)
+        dequant_row_at(fmt, w.ctypes.data, rb, rows[i], out.ctypes.data + i * out.strides[0], n_units)
 
 
 # weight tables for the step programs (program.py): one row per weight, columns below
@@ -419,8 +321,8 @@ def _table_tasks(wt, n_w, rpt):  # pragma: no cover - compiled
     size = np.empty(n_w, np.int64)
     starts = np.zeros(n_w + 1, np.int64)
     for j in range(n_w):
-        size[j] = task_size(wt[j, W_FMT], max(rpt, _tasks(wt[j, W_ROWS], CLAIM_TASKS)) if claim else rpt)
-        starts[j + 1] = starts[j] + _tasks(wt[j, W_ROWS], size[j])
+        size[j] = task_size(wt[j, W_FMT], max(rpt, task_count(wt[j, W_ROWS], CLAIM_TASKS)) if claim else rpt)
+        starts[j + 1] = starts[j] + task_count(wt[j, W_ROWS], size[j])
     return size, starts, claim
 
 
@@ -446,7 +348,7 @@ def _task_rows(wt, size, starts, i):  # pragma: no cover - compiled
 @njit(cache=True)
 def _table_task_i16(wt, size, starts, i, outs, xq, xd, xs):  # pragma: no cover - compiled
     j, r0, r1 = _task_rows(wt, size, starts, i)
-    _rows_i16_at(
+    rows_i16_at(
         wt[j, W_FMT], wt[j, W_ADDR], wt[j, W_ROW_BYTES], wt[j, W_UNITS], r0, r1, xq, xd, xs, outs[j], r0
     )
 
@@ -454,7 +356,7 @@ def _table_task_i16(wt, size, starts, i, outs, xq, xd, xs):  # pragma: no cover 
 @njit(cache=True)
 def _table_task_f32(wt, size, starts, i, outs, x, xs):  # pragma: no cover - compiled
     j, r0, r1 = _task_rows(wt, size, starts, i)
-    _rows_f32_at(wt[j, W_FMT], wt[j, W_ADDR], wt[j, W_ROW_BYTES], wt[j, W_UNITS], r0, r1, x, xs, outs[j], r0)
+    rows_f32_at(wt[j, W_FMT], wt[j, W_ADDR], wt[j, W_ROW_BYTES], wt[j, W_UNITS], r0, r1, x, xs, outs[j], r0)
 
 
 # parallel iterations that claim tasks: threads beyond this count idle in these loops; a thread's iterations

@@ -100,7 +100,7 @@ def _kv_region(kv, layer, width, pos, pf):  # pragma: no cover - compiled
 @njit(cache=True)
 def embed(w, token, scale, out):  # pragma: no cover - compiled
     """``out`` = row ``token`` of the embedding table ``w`` (a weight-table row), times ``scale``."""
-    mv._dequant(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], token, out.ctypes.data, w[mv.W_UNITS])
+    mv.dequant_row_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], token, out.ctypes.data, w[mv.W_UNITS])
     k.scale_rows(out, scale)
 
 

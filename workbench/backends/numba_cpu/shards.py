@@ -134,10 +134,10 @@ def _project(wt, c0, n_w, x, outs, levels, xq, xd, xs, pf):  # pragma: no cover 
         for t in range(n_steps):
             r0, r1 = t * step, min(rows, (t + 1) * step)
             if levels > 0:
-                mv._rows_i16_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], r0, r1, xq, xd, xs,
+                mv.rows_i16_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], r0, r1, xq, xd, xs,
                                 outs[j], c0[j] + r0)  # fmt: skip
             else:
-                mv._rows_f32_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], r0, r1, x, xs,
+                mv.rows_f32_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], r0, r1, x, xs,
                                 outs[j], c0[j] + r0)  # fmt: skip
             if step < rows:
                 mv._prefetch_share(pf, t, n_steps)

@@ -7,9 +7,9 @@ scale (and, for the k-quants, a min). These consumers use the decoded blocks:
 
 * ``f32``: exact float activations: values converted to float and multiplied in float (the exact path).
 * ``dequant``: values times scales (minus mins) stored as float32 (prefill dequantizes into a tile).
-* the batched kernels of :mod:`.rows`.
+* the batched kernels of :mod:`.dot_f32_rows8`.
 
-The int16-activation decode kernels (the default path) decode each format their own way (:mod:`.dot16`).
+The int16-activation decode kernels (the default path) decode each format their own way (:mod:`.dot_int16_128bit`).
 
 LLVM picks the widest vectors the host has (AVX-512 or AVX2).
 """
@@ -250,7 +250,7 @@ REPACKED: dict[int, FormatCode] = {
     Q6_K_I8: FormatCode(_q6_k_i8, Q6_K_I8_BYTES, 256),
     Q5_0_X4: FormatCode(_q5_0_x4, Q5_0_X4_BYTES, Q5_0_X4_VALUES),
 }
-# layouts that interleave 16 rows (interleaved.py); each the GGUF type its rows are read back as
+# layouts that interleave 16 rows (dot_int16_interleaved.py); each the GGUF type its rows are read back as
 Q8_0_R16, Q5_0_R16, Q4_K_R16 = 902, 903, 904
 INTERLEAVED: dict[int, GGMLType] = {Q8_0_R16: GGMLType.Q8_0, Q5_0_R16: GGMLType.Q5_0, Q4_K_R16: GGMLType.Q4_K}
 R16_FMTS = tuple(INTERLEAVED)  # for compiled code
@@ -258,7 +258,7 @@ R16_FMTS = tuple(INTERLEAVED)  # for compiled code
 
 def format_code(fmt: int) -> FormatCode:
     """The decoder of a GGML block type or of a repacked layout; of an interleaved layout, that of its GGUF
-    type (its sizes per row hold; its rows are not contiguous, so only interleaved.py decodes it)."""
+    type (its sizes per row hold; its rows are not contiguous, so only interleaved.py and dot_int16_interleaved.py decode it)."""
     if fmt in INTERLEAVED:
         return DECODERS[INTERLEAVED[fmt]]
     return DECODERS[fmt] if fmt in DECODERS else REPACKED[fmt]

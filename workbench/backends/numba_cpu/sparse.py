@@ -115,9 +115,9 @@ def up_rows(wrow, idx, levels, x, xq, xd, xs, out, parts):  # pragma: no cover -
                     prefetch(wa + idx[j + 2] * rb + off)
             r = idx[j]
             if levels:
-                mv._rows_i16_at(fmt, wa, rb, units, r, r + 1, xq, xd, xs, out, j)
+                mv.rows_i16_at(fmt, wa, rb, units, r, r + 1, xq, xd, xs, out, j)
             else:
-                mv._rows_f32_at(fmt, wa, rb, units, r, r + 1, x, xs, out, j)
+                mv.rows_f32_at(fmt, wa, rb, units, r, r + 1, x, xs, out, j)
 
 
 @njit(cache=True)
