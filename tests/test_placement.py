@@ -227,3 +227,29 @@ def test_custom_placement_with_cpu_ops_runs_and_measures_them(tmp_path):
         h.startswith("npu: emulated") for h in how
     )
     assert main(["placement", "--json", "-m", "gemma3-270m", "-s", "custom:ffn=npu"]) == 0
+
+
+def test_placed_backend_runs_under_the_engine_and_reports_each_ops_placed_seconds(tmp_path):
+    from workbench.runtime.placement import PlacedBackend
+
+    class Seconds:
+        def __init__(self):
+            self.ops, self.steps = [], 0
+
+        def on_op(self, op, step, start_s, host_s, device_s=None):
+            self.ops.append((op.name, device_s))
+
+        def on_step(self, step, graph, backend, start_s, wall_s):
+            self.steps += 1
+
+    model = wb.load(str(write_tiny_gguf(tmp_path / "t.gguf")))
+    ids = list(range(10, 22))
+    ref = wb.Engine(model, "numpy").generate(ids, 2, stop_ids=())
+    backend = PlacedBackend(model, "npu-attention", get_platform("phoenix"))
+    seen = Seconds()
+    res = wb.Engine(model, backend, observer=seen).generate(ids, 2, stop_ids=())
+    assert res.output_ids == ref.output_ids and seen.steps == len(backend.steps) == 2
+    decode = backend.steps[1].result
+    ops = {t.name: t.seconds for t in decode.tasks if t.kind == "op"}
+    assert seen.ops[-len(ops) :] == list(ops.items()) and all(s > 0 for s in ops.values())
+    assert decode.phase == "decode" and decode.summary()["ops_by_device"].keys() == {"npu", "vulkan"}
