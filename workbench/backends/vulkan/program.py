@@ -637,7 +637,7 @@ class Builder:
     def finish(self, keep: set[str]) -> tuple[list[Dispatch], dict[str, int], int]:
         """Lay the arena out (``keep`` live to the end), place barriers and resolve tensor offsets."""
         offsets, total = self.layout(keep=keep | self.pinned)
-        self.place_barriers()
+        self.place_barriers(offsets)
         for d in self.dispatches:
             for key, val in d.push.items():
                 if isinstance(val, Ref):
@@ -681,16 +681,37 @@ class Builder:
             live.append((last[t], t))
         return offsets, top
 
-    def place_barriers(self) -> None:
+    def place_barriers(self, offsets: dict[str, int]) -> None:
+        """A barrier before each dispatch that touches memory an earlier one (since the last barrier) wrote,
+        or writes memory an earlier one read. Memory, not names: the arena gives a tensor's space to a later
+        one after its last read (:meth:`layout`), so two names can share bytes, and a dispatch writing the
+        new tensor must wait for the one still reading the old."""
+        spans = {t: (off, off + _aligned(self.sizes[t])) for t, off in offsets.items() if t in self.sizes}
         written: set[str] = set()
         read: set[str] = set()
         for d in self.dispatches:
             touch = set(d.reads) | set(d.writes)
-            if _overlap(touch, written) or _overlap(set(d.writes), read):
+            if _clash(touch, written, spans) or _clash(set(d.writes), read, spans):
                 d.barrier = True
                 written, read = set(), set()
             written |= set(d.writes)
             read |= set(d.reads)
+
+
+def _clash(a: set[str], b: set[str], spans: dict[str, tuple[int, int]]) -> bool:
+    """Whether tensors ``a`` and ``b`` share memory: by name (:func:`_overlap`), or as different tensors whose
+    arena ranges overlap."""
+    if _overlap(a, b):
+        return True
+    for x in a:
+        sx = spans.get(_base(x))
+        if sx is None:
+            continue
+        for y in b:
+            sy = spans.get(_base(y))
+            if sy is not None and _base(y) != _base(x) and sx[0] < sy[1] and sy[0] < sx[1]:
+                return True
+    return False
 
 
 def _base(name: str) -> str:
