@@ -691,14 +691,14 @@ class Builder:
         read: set[str] = set()
         for d in self.dispatches:
             touch = set(d.reads) | set(d.writes)
-            if _clash(touch, written, spans) or _clash(set(d.writes), read, spans):
+            if memory_clash(touch, written, spans) or memory_clash(set(d.writes), read, spans):
                 d.barrier = True
                 written, read = set(), set()
             written |= set(d.writes)
             read |= set(d.reads)
 
 
-def _clash(a: set[str], b: set[str], spans: dict[str, tuple[int, int]]) -> bool:
+def memory_clash(a: set[str], b: set[str], spans: dict[str, tuple[int, int]]) -> bool:
     """Whether tensors ``a`` and ``b`` share memory: by name (:func:`_overlap`), or as different tensors whose
     arena ranges overlap."""
     if _overlap(a, b):
