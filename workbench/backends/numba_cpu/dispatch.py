@@ -67,7 +67,7 @@ Q5_0_R16 = 903
 Q4_K_R16 = 904
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def dot_rows_i16(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no cover - compiled
     """out[c0 + i] = row r0 + i . one int16 activation row (codes q, block scales d, code sums s)."""
     if fmt == Q8_0:
@@ -96,7 +96,7 @@ def dot_rows_i16(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no 
             out[c0 + n - r0] = i16_q5_k(wa + n * rb, q, d, s, n_units)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def dot_rows_i8(fmt, wa, rb, n_units, r0, r1, q8, d, s, out, c0):  # pragma: no cover - compiled
     """out[c0 + i] = row r0 + i . one int8 activation row; False for a layout without an int8 kernel."""
     if fmt == Q8_0:
@@ -118,7 +118,7 @@ def dot_rows_i8(fmt, wa, rb, n_units, r0, r1, q8, d, s, out, c0):  # pragma: no 
     return False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def dot_rows_f32(fmt, wa, rb, n_units, r0, r1, xp, s, out, c0):  # pragma: no cover - compiled
     """out[c0 + i] = row r0 + i . one float32 activation row (at xp; block sums s)."""
     if fmt == Q8_0:
@@ -147,7 +147,7 @@ def dot_rows_f32(fmt, wa, rb, n_units, r0, r1, xp, s, out, c0):  # pragma: no co
             out[c0 + n - r0] = f32_q5_k(wa + n * rb, xp, s, n_units)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def dequant_row(fmt, row, out, n_units):  # pragma: no cover - compiled
     """The weight row at address ``row`` as float32 values at address ``out``."""
     if fmt == Q8_0:
@@ -168,7 +168,7 @@ def dequant_row(fmt, row, out, n_units):  # pragma: no cover - compiled
         dequant_q5_k(row, out, n_units)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def dot_row_f32_rows8(fmt, wa, xa, xs, n_units, oa, os):  # pragma: no cover - compiled
     """One weight row . 8 float32 activation rows (stride xs) into 8 outputs (stride os)."""
     if fmt == Q8_0:
@@ -189,7 +189,7 @@ def dot_row_f32_rows8(fmt, wa, xa, xs, n_units, oa, os):  # pragma: no cover - c
         f32_rows8_q5_k(wa, xa, xs, n_units, oa, os)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def dot_row_i16_rows8(fmt, wa, q, qs, d, s, ds, n_units, oa, os):  # pragma: no cover - compiled
     """One weight row . 8 int16 activation rows into 8 outputs (stride os)."""
     if fmt == Q8_0:
@@ -210,7 +210,7 @@ def dot_row_i16_rows8(fmt, wa, q, qs, d, s, ds, n_units, oa, os):  # pragma: no 
         i16_rows8_q5_k(wa, q, qs, d, s, ds, n_units, oa, os)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def dot16_i16(fmt, ga, q, d, s, n_units, oa):  # pragma: no cover - compiled
     """16 interleaved weight rows (their group at ga) . one int16 activation row into 16 floats at oa."""
     if fmt == Q8_0_R16:

@@ -133,7 +133,7 @@ def render() -> str:
         lines += [
             "",
             "",
-            "@numba.njit(cache=True)",
+            '@numba.njit(cache=True, inline="always")',
             f"def {d.name}(fmt, {d.params}):  # pragma: no cover - compiled",
         ]
         lines.append(f'    """{d.doc}"""')
