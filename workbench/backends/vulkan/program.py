@@ -368,6 +368,11 @@ class Builder:
 
     def embed(self, op: Op) -> None:
         b, w = self.backend, self.backend.weight(op.weights[0])
+        if w.cols % 8:  # embed.comp writes 8 values an invocation, rows addressed in vec4 units
+            raise UnsupportedOpError(
+                f"op {op.name}: the vulkan embedding kernel needs a table width that is a multiple of 8 "
+                f"({op.weights[0]} is {w.cols} wide)"
+            )
         y = op.outputs[0]
         t = self.rows(y)
         for part in w.parts:
