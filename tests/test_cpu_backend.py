@@ -253,11 +253,11 @@ def test_each_dense_attention_has_its_kv_rows_prefetched_by_a_gate_up_before_it(
         assert code[hosts[0], pg.C_OP] == want and code[hosts[0], pg.C_PF + 1] == code[i, pg.C_NORM]
     region = np.zeros(3, np.int64)
     kv = np.array([[100, 200, 0, 8, 0]], np.int64)
-    pg._kv_region(kv, 0, 16, 5, region)
+    pg.kv_prefetch_region(kv, 0, 16, 5, region)
     assert region.tolist() == [100, 200, 5 * 16 * 4]
-    pg._kv_region(kv, 0, 1 << 20, 5, region)  # past PREFETCH_MAX: the first rows
+    pg.kv_prefetch_region(kv, 0, 1 << 20, 5, region)  # past PREFETCH_MAX: the first rows
     assert region[2] == mv.PREFETCH_MAX // 2
-    pg._kv_region(kv, 0, 16, 20, region)  # a ring of 8 slots, all written
+    pg.kv_prefetch_region(kv, 0, 16, 20, region)  # a ring of 8 slots, all written
     assert region[2] == 8 * 16 * 4
 
 

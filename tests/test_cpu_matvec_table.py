@@ -98,7 +98,7 @@ def test_task_maxima_give_numpys_argmax(rows, threads):
     xq, xd = np.empty(x.shape, np.int16), np.empty((1, cols // 32), np.float32)
     xs = np.empty_like(xd)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
-    size, starts, _ = mv._table_tasks(_table([w]), 1, 16)
+    size, starts, _ = mv.table_tasks(_table([w]), 1, 16)
     n_tasks = int(starts[1])
     maxima = np.empty(n_tasks, np.float32)
     out = np.empty((1, rows), np.float32)

@@ -23,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .simd import F32, FAST, I64, _as_ptr, _hsum, _prefetch, _splat, ptr, vt
+from .llvm_ir import F32, FAST, I64, as_ptr, emit_prefetch, hsum, ptr, splat, vt
 
 LANES = 16
 MAX_HEADS = 4  # query heads per call (more: several calls)
@@ -52,7 +52,7 @@ def _prefetch_row(b: ir.IRBuilder, row: ir.Value, n_vecs: ir.Value) -> None:
     i8row = b.bitcast(row, ptr(ir.IntType(8)))
     with cgutils.for_range(b, b.add(n_vecs, ir.Constant(I64, 1))) as loop:
         # locality 3: the KV rows stay cached, the next token reads them again
-        _prefetch(b, b.gep(i8row, [b.mul(loop.index, ir.Constant(I64, 64))]), 0, 3)
+        emit_prefetch(b, b.gep(i8row, [b.mul(loop.index, ir.Constant(I64, 64))]), 0, 3)
 
 
 def _switch(b: ir.IRBuilder, value: ir.Value, bodies: dict[int, Callable[[], None]]) -> None:
@@ -71,8 +71,8 @@ def _switch(b: ir.IRBuilder, value: ir.Value, bodies: dict[int, Callable[[], Non
 def _score_body(b: ir.IRBuilder, args, heads: int) -> None:
     q_a, k_a, v_a, stride, seen_a, n, head_len, scale, p_a = args
     n_vecs = b.udiv(head_len, ir.Constant(I64, LANES))
-    qp, kp, vp, pp = (_as_ptr(b, a, F32) for a in (q_a, k_a, v_a, p_a))
-    sp = _as_ptr(b, seen_a, I64)
+    qp, kp, vp, pp = (as_ptr(b, a, F32) for a in (q_a, k_a, v_a, p_a))
+    sp = as_ptr(b, seen_a, I64)
     zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
     accs = [cgutils.alloca_once(b, vt(F32, LANES)) for _ in range(heads)]
     last = b.sub(n, ir.Constant(I64, 1))
@@ -96,13 +96,13 @@ def _score_body(b: ir.IRBuilder, args, heads: int) -> None:
                 b.store(b.fadd(b.load(a), b.fmul(qv, kv, flags=FAST), flags=FAST), a)
         for g, a in enumerate(accs):
             out = b.gep(pp, [b.add(j, b.mul(n, ir.Constant(I64, g)))])
-            b.store(b.fmul(_hsum(b, b.load(a)), scale, flags=FAST), out)
+            b.store(b.fmul(hsum(b, b.load(a)), scale, flags=FAST), out)
 
 
 def _weigh_body(b: ir.IRBuilder, args, heads: int, width: int) -> None:
     v_a, stride, seen_a, n, p_a, d0, head_len, acc_a = args
-    vp, pp, ap = (_as_ptr(b, a, F32) for a in (v_a, p_a, acc_a))
-    sp = _as_ptr(b, seen_a, I64)
+    vp, pp, ap = (as_ptr(b, a, F32) for a in (v_a, p_a, acc_a))
+    sp = as_ptr(b, seen_a, I64)
     out = [[b.add(d0, b.add(b.mul(head_len, ir.Constant(I64, g)), ir.Constant(I64, LANES * c)))
             for c in range(width)] for g in range(heads)]  # fmt: skip
     accs = [[cgutils.alloca_once_value(b, _vec(b, ap, o)) for o in row] for row in out]
@@ -111,7 +111,7 @@ def _weigh_body(b: ir.IRBuilder, args, heads: int, width: int) -> None:
         vrow = _row(b, vp, sp, j, stride)
         vv = [_vec(b, vrow, b.add(d0, ir.Constant(I64, LANES * c))) for c in range(width)]
         for g in range(heads):
-            p = _splat(b, b.load(b.gep(pp, [b.add(j, b.mul(n, ir.Constant(I64, g)))])), LANES)
+            p = splat(b, b.load(b.gep(pp, [b.add(j, b.mul(n, ir.Constant(I64, g)))])), LANES)
             for c, a in enumerate(accs[g]):
                 b.store(b.fadd(b.load(a), b.fmul(p, vv[c], flags=FAST), flags=FAST), a)
     for row, acc_row in zip(out, accs):

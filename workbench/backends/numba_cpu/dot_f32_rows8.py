@@ -15,18 +15,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..._numba import numba
-from .simd import (
-    F32,
-    I64,
-    PREFETCH_AHEAD,
-    _as_ptr,
-    _for_units,
-    _prefetch,
-    _scale_vec,
-    _splat,
-    format_code,
-    vt,
-)
+from .llvm_ir import F32, I64, PREFETCH_AHEAD, as_ptr, emit_prefetch, for_units, scale_vec, splat, vt
+from .simd import format_code
 
 njit, prange = numba.njit, numba.prange
 ROWS = 8  # activation rows one call handles; callers pad the rows to a multiple of ROWS
@@ -69,7 +59,7 @@ def make_dot_rows_f32(qtype: int, n_rows: int):
 
         def codegen(context, b, signature, args):
             w_a, x_a, x_st, n_u, o_a, o_st = args
-            wp = _as_ptr(b, w_a, ir.IntType(8))
+            wp = as_ptr(b, w_a, ir.IntType(8))
             zero = ir.Constant(vt(F32, _LANES), [0.0] * _LANES)
             accs = [cgutils.alloca_once_value(b, zero) for _ in range(n_rows)]
             x_rows = [b.add(x_a, b.mul(ir.Constant(I64, t), x_st)) for t in range(n_rows)]
@@ -80,25 +70,25 @@ def make_dot_rows_f32(qtype: int, n_rows: int):
 
             def body(u, slot):
                 base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
-                _prefetch(b, base, PREFETCH_AHEAD)
+                emit_prefetch(b, base, PREFETCH_AHEAD)
                 for blk in code.decode(b, base, u):
                     wv = b.fmul(
-                        b.sitofp(blk.values, vt(F32, 32)), _scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
+                        b.sitofp(blk.values, vt(F32, 32)), scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
                     )
                     if blk.min is not None:
-                        wv = b.fsub(wv, _splat(b, blk.min, 32))
+                        wv = b.fsub(wv, splat(b, blk.min, 32))
                     parts = [b.shuffle_vector(wv, wv, pick) for pick in picks]
                     x_off = b.mul(blk.xblock, ir.Constant(I64, 32 * 4))
                     for t in range(n_rows):
-                        xp = _as_ptr(b, b.add(x_rows[t], x_off), vt(F32, _LANES))
+                        xp = as_ptr(b, b.add(x_rows[t], x_off), vt(F32, _LANES))
                         xv = [b.load(b.gep(xp, [ir.Constant(I64, i)]), align=4) for i in range(4)]
                         s01 = b.call(fma, [parts[1], xv[1], b.fmul(parts[0], xv[0])])
                         s23 = b.call(fma, [parts[3], xv[3], b.fmul(parts[2], xv[2])])
                         b.store(b.fadd(b.load(accs[t]), b.fadd(s01, s23)), accs[t])
 
-            _for_units(b, n_u, body, unroll=1)
+            for_units(b, n_u, body, unroll=1)
             for t in range(n_rows):
-                out_p = _as_ptr(b, b.add(o_a, b.mul(ir.Constant(I64, t), o_st)), F32)
+                out_p = as_ptr(b, b.add(o_a, b.mul(ir.Constant(I64, t), o_st)), F32)
                 b.store(strict_hsum(b, b.load(accs[t])), out_p)
             return context.get_dummy_value()
 

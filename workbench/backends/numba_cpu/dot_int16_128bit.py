@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
 from ...quant.repack import Q6_K_I8_BYTES
-from .simd import (
+from .llvm_ir import (
     F32,
     FAST,
     HALF,
@@ -38,18 +38,18 @@ from .simd import (
     I16,
     I32,
     I64,
-    Q6_K_I8,
-    _as_ptr,
-    _const_vec,
-    _f32x8,
-    _half,
-    _hsum,
-    _load,
-    _prefetch,
-    _splat,
+    as_ptr,
+    const_vec,
+    emit_prefetch,
+    hsum,
+    load_at,
+    load_f32x8,
+    load_half,
     ptr,
+    splat,
     vt,
 )
+from .simd import Q6_K_I8
 
 ACCS = 2  # float accumulators per row (independent FMA chains)
 LANES = 4  # float lanes of an accumulator
@@ -57,7 +57,7 @@ PREFETCH_AHEAD = 2048  # bytes of the weight stream prefetched ahead (docs/backe
 
 
 def _bytes(v: int, n: int = 16) -> ir.Constant:
-    return _const_vec(I8, [v if v < 128 else v - 256] * n)
+    return const_vec(I8, [v if v < 128 else v - 256] * n)
 
 
 def _wide(b: ir.IRBuilder, v: ir.Value, signed: bool) -> ir.Value:
@@ -67,8 +67,8 @@ def _wide(b: ir.IRBuilder, v: ir.Value, signed: bool) -> ir.Value:
 def _madd(b: ir.IRBuilder, w: ir.Value, x: ir.Value) -> ir.Value:
     """<4 x i32> pair sums of two <8 x i16> products (lowered to vpmaddwd)."""
     m = b.mul(b.sext(w, vt(I32, 8)), b.sext(x, vt(I32, 8)), flags=("nsw",))
-    even = b.shuffle_vector(m, m, _const_vec(I32, range(0, 8, 2)))
-    odd = b.shuffle_vector(m, m, _const_vec(I32, range(1, 8, 2)))
+    even = b.shuffle_vector(m, m, const_vec(I32, range(0, 8, 2)))
+    odd = b.shuffle_vector(m, m, const_vec(I32, range(1, 8, 2)))
     return b.add(even, odd, flags=("nsw",))
 
 
@@ -85,11 +85,11 @@ def _resize(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
     m = v.type.count
     if m < n:
         return b.shuffle_vector(
-            v, ir.Constant(v.type, [0.0] * m), _const_vec(I32, [*range(m), *[m] * (n - m)])
+            v, ir.Constant(v.type, [0.0] * m), const_vec(I32, [*range(m), *[m] * (n - m)])
         )
     while m > n:
         m //= 2
-        v = b.fadd(b.shuffle_vector(v, v, _const_vec(I32, range(m))), b.shuffle_vector(v, v, _const_vec(I32, range(m, 2 * m))),
+        v = b.fadd(b.shuffle_vector(v, v, const_vec(I32, range(m))), b.shuffle_vector(v, v, const_vec(I32, range(m, 2 * m))),
                    flags=FAST)  # fmt: skip
     return v
 
@@ -100,9 +100,9 @@ class _Row:
     def __init__(self, b: ir.IRBuilder, args, corr: bool):
         w_a, xq_a, xd_a, xs_a, self.n = args
         self.b = b
-        self.w = _as_ptr(b, w_a, I8)
-        self.xq = _as_ptr(b, xq_a, vt(I16, 8))  # four vectors per 32-value block
-        self.xd, self.xs = _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
+        self.w = as_ptr(b, w_a, I8)
+        self.xq = as_ptr(b, xq_a, vt(I16, 8))  # four vectors per 32-value block
+        self.xd, self.xs = as_ptr(b, xd_a, F32), as_ptr(b, xs_a, F32)
         zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
         self.acc = [cgutils.alloca_once_value(b, zero) for _ in range(ACCS)]
         # offsets and mins, subtracted at the end
@@ -115,12 +115,12 @@ class _Row:
 
     def vec8(self, p: ir.Value, u: ir.Value) -> ir.Value:
         """<8 x float> at ``p[u]`` (xd or xs of 8 blocks)."""
-        return _f32x8(self.b, p, u)
+        return load_f32x8(self.b, p, u)
 
     def add(self, slot: int, p: ir.Value, scale: ir.Value) -> None:
         """acc += float(p) * scale (one FMA; ``p`` <4 x i32>, ``scale`` a float, splatted)."""
         b, acc = self.b, self.acc[slot % ACCS]
-        term = b.fmul(b.sitofp(p, vt(F32, LANES)), _splat(b, scale, LANES), flags=FAST)
+        term = b.fmul(b.sitofp(p, vt(F32, LANES)), splat(b, scale, LANES), flags=FAST)
         b.store(b.fadd(b.load(acc), term, flags=FAST), acc)
 
     def sub(self, v: ir.Value) -> None:
@@ -137,7 +137,7 @@ class _Row:
             total = b.fadd(total, b.load(a), flags=FAST)
         if self.corr is not None:
             total = b.fsub(total, b.load(self.corr), flags=FAST)
-        return _hsum(b, total)
+        return hsum(b, total)
 
 
 # -- one-scale 32-value blocks: Q8_0, Q4_0, Q5_0 ------------------------------------------------------
@@ -146,7 +146,7 @@ def _q8_0_block(r: _Row, base, u) -> ir.Value:
     form where 256-bit operations are split in two)."""
     b = r.b
     return _sum(
-        b, [_madd(b, _wide(b, _load(b, base, 2 + 8 * i, vt(I8, 8)), True), r.x(u, i)) for i in range(4)]
+        b, [_madd(b, _wide(b, load_at(b, base, 2 + 8 * i, vt(I8, 8)), True), r.x(u, i)) for i in range(4)]
     )
 
 
@@ -156,27 +156,27 @@ def _q4_0_block(r: _Row, base, u) -> ir.Value:
     b = r.b
     lo, hi = [], []
     for i in range(2):
-        w = _wide(b, _load(b, base, 2 + 8 * i, vt(I8, 8)), False)
-        lo.append(_madd(b, b.and_(w, _const_vec(I16, [0x0F] * 8)), r.x(u, i)))
-        hi.append(_madd(b, b.and_(w, _const_vec(I16, [0xF0] * 8)), r.x(u, 2 + i)))
-    return b.add(b.shl(_sum(b, lo), _const_vec(I32, [4] * 4)), _sum(b, hi), flags=("nsw",))
+        w = _wide(b, load_at(b, base, 2 + 8 * i, vt(I8, 8)), False)
+        lo.append(_madd(b, b.and_(w, const_vec(I16, [0x0F] * 8)), r.x(u, i)))
+        hi.append(_madd(b, b.and_(w, const_vec(I16, [0xF0] * 8)), r.x(u, 2 + i)))
+    return b.add(b.shl(_sum(b, lo), const_vec(I32, [4] * 4)), _sum(b, hi), flags=("nsw",))
 
 
 def _q5_0_block(r: _Row, base, u) -> ir.Value:
     """Words 16 x (value - 16), built by byte unpacks: the low byte 16 x the nibble (the high nibbles in
     place), the high byte -1 where the value's qh bit is clear, else 0; <4 x i32> pair sums."""
     b = r.b
-    q = _load(b, base, 6, vt(I8, 16))
+    q = load_at(b, base, 6, vt(I8, 16))
     nib16 = (b.and_(b.shl(q, _bytes(4)), _bytes(0xF0)), b.and_(q, _bytes(0xF0)))  # values 0-15, 16-31
-    qh = b.bitcast(_splat(b, _load(b, base, 2, I32), 4), vt(I8, 16))
-    bit = _const_vec(I8, [(1 << k) - 256 if k == 7 else 1 << k for k in range(8)] * 2)
+    qh = b.bitcast(splat(b, load_at(b, base, 2, I32), 4), vt(I8, 16))
+    bit = const_vec(I8, [(1 << k) - 256 if k == 7 else 1 << k for k in range(8)] * 2)
     parts = []
     for half, nib in enumerate(nib16):
-        spread = b.shuffle_vector(qh, qh, _const_vec(I32, [2 * half] * 8 + [2 * half + 1] * 8))
+        spread = b.shuffle_vector(qh, qh, const_vec(I32, [2 * half] * 8 + [2 * half + 1] * 8))
         clear = b.sext(b.icmp_unsigned("==", b.and_(spread, bit), _bytes(0)), vt(I8, 16))
         for k in range(2):  # bytes 0-7 / 8-15 of the half as words
             sel = [i for j in range(8 * k, 8 * k + 8) for i in (j, 16 + j)]
-            w = b.bitcast(b.shuffle_vector(nib, clear, _const_vec(I32, sel)), vt(I16, 8))
+            w = b.bitcast(b.shuffle_vector(nib, clear, const_vec(I32, sel)), vt(I16, 8))
             parts.append(_madd(b, w, r.x(u, 2 * half + k)))
     return _sum(b, parts)
 
@@ -198,20 +198,20 @@ def _one_scale_body(qtype: GGMLType):
         b = r.b
         gbase = b.gep(r.w, [b.mul(u0, ir.Constant(I64, unit))])
         for off in range(0, n * unit, 64):
-            _prefetch(b, gbase, PREFETCH_AHEAD + off)
+            emit_prefetch(b, gbase, PREFETCH_AHEAD + off)
         bits = ir.Constant(vt(I16, n), [0] * n)
         for j in range(n):
-            bits = b.insert_element(bits, _load(b, gbase, j * unit, I16), ir.Constant(I32, j))
+            bits = b.insert_element(bits, load_at(b, gbase, j * unit, I16), ir.Constant(I32, j))
         xd = b.load(b.bitcast(b.gep(r.xd, [u0]), ptr(vt(F32, n))), align=4)
         scales = b.fmul(b.fpext(b.bitcast(bits, vt(HALF, n)), vt(F32, n)), xd, flags=FAST)
         if factor != 1.0:
-            scales = b.fmul(scales, _const_vec(F32, [factor] * n), flags=FAST)
+            scales = b.fmul(scales, const_vec(F32, [factor] * n), flags=FAST)
         for j in range(n):
             p = block(r, b.gep(gbase, [ir.Constant(I64, j * unit)]), b.add(u0, ir.Constant(I64, j)))
             r.add(j, p, b.extract_element(scales, ir.Constant(I32, j)))
         if offset:
             xs = b.load(b.bitcast(b.gep(r.xs, [u0]), ptr(vt(F32, n))), align=4)
-            corr = b.fmul(b.fmul(scales, xs, flags=FAST), _const_vec(F32, [offset / factor] * n), flags=FAST)
+            corr = b.fmul(b.fmul(scales, xs, flags=FAST), const_vec(F32, [offset / factor] * n), flags=FAST)
             r.sub(corr)
 
     def codegen(r: _Row) -> ir.Value:
@@ -227,7 +227,7 @@ def _one_scale_body(qtype: GGMLType):
             rest = b.add(done, b.mul(b.udiv(b.sub(r.n, done), ir.Constant(I64, 4)), ir.Constant(I64, 4)))
         with cgutils.for_range_slice(b, rest, r.n, ir.Constant(I64, 1)) as (u, _):
             base = b.gep(r.w, [b.mul(u, ir.Constant(I64, unit))])
-            scale = b.fmul(b.fmul(_half(b, base, 0), b.load(b.gep(r.xd, [u])), flags=FAST), ir.Constant(F32, factor),
+            scale = b.fmul(b.fmul(load_half(b, base, 0), b.load(b.gep(r.xd, [u])), flags=FAST), ir.Constant(F32, factor),
                            flags=FAST)  # fmt: skip
             r.add(0, block(r, base, u), scale)
             if offset:
@@ -242,7 +242,7 @@ def _one_scale_body(qtype: GGMLType):
 def k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
     """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4-15) as two <8 x float>
     (ggml's unpacking done on three 32-bit words, as its SIMD code does)."""
-    u0, u1, u2 = (_load(b, base, 4 + 4 * i, I32) for i in range(3))
+    u0, u1, u2 = (load_at(b, base, 4 + 4 * i, I32) for i in range(3))
 
     def c(v):
         return ir.Constant(I32, v)
@@ -265,10 +265,10 @@ def _kquant_body(high_bits: bool):
     2c + 1 in the high nibbles (plus, for Q5_K, bits 2c and 2c + 1 of the 32 qh bytes): each 8 bytes are
     widened once (vpmovzxbw), then masked to the low nibbles and to 16 x the high ones."""
     unit, qs_off = (176, 48) if high_bits else (144, 16)
-    parity = _const_vec(F32, [1.0, 1 / 16] * 4)  # sub-blocks 2c + 1 are read as 16 x their values
+    parity = const_vec(F32, [1.0, 1 / 16] * 4)  # sub-blocks 2c + 1 are read as 16 x their values
 
     def words8(v: int) -> ir.Constant:
-        return _const_vec(I16, [v] * 8)
+        return const_vec(I16, [v] * 8)
 
     def codegen(r: _Row) -> ir.Value:
         b = r.b
@@ -277,24 +277,24 @@ def _kquant_body(high_bits: bool):
             u = loop.index
             base = b.gep(r.w, [b.mul(u, ir.Constant(I64, unit))])
             for off in range(0, unit, 64):
-                _prefetch(b, base, PREFETCH_AHEAD + off)
+                emit_prefetch(b, base, PREFETCH_AHEAD + off)
             x0 = b.mul(u, ir.Constant(I64, 8))
-            d, dmin = _half(b, base, 0), _half(b, base, 2)
+            d, dmin = load_half(b, base, 0), load_half(b, base, 2)
             sc, mn = k_scales_mins(b, base)
             xd = r.vec8(r.xd, x0)
-            scales = b.fmul(b.fmul(sc, _splat(b, d, 8), flags=FAST), xd, flags=FAST)
+            scales = b.fmul(b.fmul(sc, splat(b, d, 8), flags=FAST), xd, flags=FAST)
             b.store(b.fmul(scales, parity, flags=FAST), stack)
-            mins = b.fmul(b.fmul(mn, _splat(b, dmin, 8), flags=FAST), xd, flags=FAST)
+            mins = b.fmul(b.fmul(mn, splat(b, dmin, 8), flags=FAST), xd, flags=FAST)
             r.sub(b.fmul(mins, r.vec8(r.xs, x0), flags=FAST))
             scale = b.bitcast(stack, ptr(F32))
             for c in range(4):
                 lo, hi = [], []
                 blk = [b.add(x0, ir.Constant(I64, 2 * c + k)) for k in range(2)]
                 for i in range(4):
-                    w = _wide(b, _load(b, base, qs_off + 32 * c + 8 * i, vt(I8, 8)), False)
+                    w = _wide(b, load_at(b, base, qs_off + 32 * c + 8 * i, vt(I8, 8)), False)
                     lw, hw = b.and_(w, words8(0x0F)), b.and_(w, words8(0xF0))
                     if high_bits:  # bit 2c: +16 on the low nibble; bit 2c + 1: +256 on 16 x the high one
-                        qh = _wide(b, _load(b, base, 16 + 8 * i, vt(I8, 8)), False)
+                        qh = _wide(b, load_at(b, base, 16 + 8 * i, vt(I8, 8)), False)
                         for bit, add in ((1 << (2 * c), 16), (2 << (2 * c), 256)):
                             set_ = b.icmp_unsigned("!=", b.and_(qh, words8(bit)), words8(0))
                             term = b.select(set_, words8(add), words8(0))
@@ -316,18 +316,18 @@ def _scaled_by_16(r: _Row, unit: int, d_off: int, sc_off: int, superblock) -> ir
     ``scale``: a float pointer to the table)."""
     b = r.b
     stack = cgutils.alloca_once(b, vt(F32, 16))
-    dup = _const_vec(I32, [i // 2 for i in range(16)])
+    dup = const_vec(I32, [i // 2 for i in range(16)])
     with cgutils.for_range(b, r.n) as loop:
         u = loop.index
         base = b.gep(r.w, [b.mul(u, ir.Constant(I64, unit))])
         for off in range(0, unit, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
+            emit_prefetch(b, base, PREFETCH_AHEAD + off)
         x0 = b.mul(u, ir.Constant(I64, 8))
-        d = _half(b, base, d_off)
-        sc = b.sitofp(b.sext(_load(b, base, sc_off, vt(I8, 16)), vt(I32, 16)), vt(F32, 16))
+        d = load_half(b, base, d_off)
+        sc = b.sitofp(b.sext(load_at(b, base, sc_off, vt(I8, 16)), vt(I32, 16)), vt(F32, 16))
         xd = r.vec8(r.xd, x0)
         b.store(
-            b.fmul(b.fmul(sc, _splat(b, d, 16), flags=FAST), b.shuffle_vector(xd, xd, dup), flags=FAST), stack
+            b.fmul(b.fmul(sc, splat(b, d, 16), flags=FAST), b.shuffle_vector(xd, xd, dup), flags=FAST), stack
         )
         superblock(base, x0, b.bitcast(stack, ptr(F32)))
     return r.result()
@@ -343,8 +343,8 @@ def _q6_k_body(r: _Row) -> ir.Value:
     def superblock(base, x0, scale):
         for h in range(2):
             for half in range(2):  # values l = 16 half .. 16 half + 15 of each group
-                ql = [_load(b, base, 64 * h + 32 * i + 16 * half, vt(I8, 16)) for i in range(2)]
-                qh = _load(b, base, 128 + 32 * h + 16 * half, vt(I8, 16))
+                ql = [load_at(b, base, 64 * h + 32 * i + 16 * half, vt(I8, 16)) for i in range(2)]
+                qh = load_at(b, base, 128 + 32 * h + 16 * half, vt(I8, 16))
                 for k in range(4):
                     nib = b.and_(ql[k], _bytes(0x0F)) if k < 2 else b.lshr(ql[k - 2], _bytes(4))
                     shift = 4 - 2 * k
@@ -356,7 +356,7 @@ def _q6_k_body(r: _Row) -> ir.Value:
                     g = 4 * h + k
                     blk = b.add(x0, ir.Constant(I64, g))
                     parts = [
-                        _madd(b, _wide(b, b.shuffle_vector(v, v, _const_vec(I32, range(8 * q, 8 * q + 8))), True),
+                        _madd(b, _wide(b, b.shuffle_vector(v, v, const_vec(I32, range(8 * q, 8 * q + 8))), True),
                                r.x(blk, 2 * half + q))
                         for q in range(2)
                     ]  # fmt: skip
@@ -375,7 +375,7 @@ def _q6_k_i8_body(r: _Row) -> ir.Value:
     def superblock(base, x0, scale):
         for g in range(8):
             blk = b.add(x0, ir.Constant(I64, g))
-            parts = [_madd(b, _wide(b, _load(b, base, 18 + 32 * g + 8 * q, vt(I8, 8)), True), r.x(blk, q))
+            parts = [_madd(b, _wide(b, load_at(b, base, 18 + 32 * g + 8 * q, vt(I8, 8)), True), r.x(blk, q))
                      for q in range(4)]  # fmt: skip
             for half in range(2):
                 s = b.load(b.gep(scale, [ir.Constant(I64, 2 * g + half)]))

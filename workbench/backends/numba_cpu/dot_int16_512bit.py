@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
 from .dot_int16_128bit import k_scales_mins
-from .simd import (
+from .llvm_ir import (
     F32,
     FAST,
     HALF,
@@ -37,21 +37,20 @@ from .simd import (
     I16,
     I32,
     I64,
-    Q5_0_X4,
-    Q6_K_I8,
-    _as_ptr,
-    _concat,
-    _const_vec,
-    _f32x8,
-    _half,
-    _hsum,
-    _load,
-    _pmaddwd,
-    _prefetch,
-    _splat,
+    as_ptr,
+    concat,
+    const_vec,
+    emit_prefetch,
+    hsum,
+    load_at,
+    load_f32x8,
+    load_half,
+    pmaddwd,
     ptr,
+    splat,
     vt,
 )
+from .simd import Q5_0_X4, Q6_K_I8
 
 # bytes of the weight stream prefetched ahead: farther than dot_int16_128bit's 2 KB, which left the LM head slower on
 # an AVX-512 host (figures: docs/backend-cpu.md#prefetching)
@@ -67,9 +66,9 @@ class WideRow:
     def __init__(self, b: ir.IRBuilder, args):
         w_a, xq_a, xd_a, xs_a, self.n = args
         self.b = b
-        self.w = _as_ptr(b, w_a, I8)
-        self.xq = _as_ptr(b, xq_a, vt(I16, 32))  # one vector per 32-value block
-        self.xd, self.xs = _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
+        self.w = as_ptr(b, w_a, I8)
+        self.xq = as_ptr(b, xq_a, vt(I16, 32))  # one vector per 32-value block
+        self.xd, self.xs = as_ptr(b, xd_a, F32), as_ptr(b, xs_a, F32)
         zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
         self.acc = [cgutils.alloca_once_value(b, zero) for _ in range(ACCS)]
         self.corr = cgutils.alloca_once_value(b, ir.Constant(vt(F32, 8), [0.0] * 8))
@@ -82,7 +81,7 @@ class WideRow:
         with cgutils.for_range(b, self.n) as loop:
             base = b.gep(self.w, [b.mul(loop.index, ir.Constant(I64, unit_bytes))])
             for off in range(0, unit_bytes, 64):
-                _prefetch(b, base, PREFETCH_AHEAD + off)
+                emit_prefetch(b, base, PREFETCH_AHEAD + off)
             yield base, b.mul(loop.index, ir.Constant(I64, blocks))
 
     def x(self, block: ir.Value) -> ir.Value:
@@ -90,12 +89,12 @@ class WideRow:
 
     def add(self, slot: int, w: ir.Value, block: ir.Value, scale: ir.Value) -> None:
         """acc += float(pair sums of w . x[block]) * scale (``w`` <32 x i16>, ``scale`` a float)."""
-        self.add_lanes(slot, w, block, _splat(self.b, scale, LANES))
+        self.add_lanes(slot, w, block, splat(self.b, scale, LANES))
 
     def add_lanes(self, slot: int, w: ir.Value, block: ir.Value, scales: ir.Value) -> None:
         """:meth:`add` with a scale per pair-sum lane (``scales`` <16 x float>)."""
         b, acc = self.b, self.acc[slot % ACCS]
-        p = b.sitofp(_pmaddwd(b, w, self.x(block)), vt(F32, LANES))
+        p = b.sitofp(pmaddwd(b, w, self.x(block)), vt(F32, LANES))
         b.store(b.fadd(b.load(acc), b.fmul(p, scales, flags=FAST), flags=FAST), acc)
 
     def sub(self, v: ir.Value) -> None:
@@ -108,26 +107,26 @@ class WideRow:
         total = b.load(self.acc[0])
         for a in self.acc[1:]:
             total = b.fadd(total, b.load(a), flags=FAST)
-        return b.fsub(_hsum(b, total), _hsum(b, b.load(self.corr)), flags=FAST)
+        return b.fsub(hsum(b, total), hsum(b, b.load(self.corr)), flags=FAST)
 
 
 # -- one-scale 32-value blocks -------------------------------------------------------------------------
 def _q8_0_words(b: ir.IRBuilder, base: ir.Value) -> ir.Value:
-    return b.sext(_load(b, base, 2, vt(I8, 32)), vt(I16, 32))
+    return b.sext(load_at(b, base, 2, vt(I8, 32)), vt(I16, 32))
 
 
 def _with_fifth_bits(b: ir.IRBuilder, nib: ir.Value, qh: ir.Value) -> ir.Value:
     """Q5_0 values - 16 as <32 x i16>: ``nib`` (the low 4 bits of each value) where the value's bit in the
     32-bit word ``qh`` is set, nib - 16 where it is clear (``qh`` a ``kmovd`` mask; a blend)."""
     bits = b.bitcast(qh, vt(ir.IntType(1), 32))
-    return b.select(bits, nib, b.sub(nib, _const_vec(I16, [16] * 32)))
+    return b.select(bits, nib, b.sub(nib, const_vec(I16, [16] * 32)))
 
 
 def _q5_0_words(b: ir.IRBuilder, base: ir.Value) -> ir.Value:
     """value - 16 as words: the 16 bytes widened once (``vpmovzxbw``), low nibbles then high ones."""
-    w = b.zext(_load(b, base, 6, vt(I8, 16)), vt(I16, 16))
-    nib = _concat(b, b.and_(w, _const_vec(I16, [0x0F] * 16)), b.lshr(w, _const_vec(I16, [4] * 16)))
-    return _with_fifth_bits(b, nib, _load(b, base, 2, I32))
+    w = b.zext(load_at(b, base, 6, vt(I8, 16)), vt(I16, 16))
+    nib = concat(b, b.and_(w, const_vec(I16, [0x0F] * 16)), b.lshr(w, const_vec(I16, [4] * 16)))
+    return _with_fifth_bits(b, nib, load_at(b, base, 2, I32))
 
 
 _ONE_SCALE: dict[int, tuple[int, Callable[[ir.IRBuilder, ir.Value], ir.Value]]] = {
@@ -146,19 +145,19 @@ def _one_scale_body(qtype: int):
             u0 = b.mul(loop.index, ir.Constant(I64, GROUP))
             gbase = b.gep(r.w, [b.mul(u0, ir.Constant(I64, unit))])
             for off in range(0, GROUP * unit, 64):
-                _prefetch(b, gbase, PREFETCH_AHEAD + off)
+                emit_prefetch(b, gbase, PREFETCH_AHEAD + off)
             bits = ir.Constant(vt(I16, GROUP), [0] * GROUP)
             for j in range(GROUP):
-                bits = b.insert_element(bits, _load(b, gbase, j * unit, I16), ir.Constant(I32, j))
+                bits = b.insert_element(bits, load_at(b, gbase, j * unit, I16), ir.Constant(I32, j))
             dw = b.fpext(b.bitcast(bits, vt(HALF, GROUP)), vt(F32, GROUP))
-            scales = b.fmul(dw, _f32x8(b, r.xd, u0), flags=FAST)
+            scales = b.fmul(dw, load_f32x8(b, r.xd, u0), flags=FAST)
             for j in range(GROUP):
                 base, u = b.gep(gbase, [ir.Constant(I64, j * unit)]), b.add(u0, ir.Constant(I64, j))
                 r.add(j, words(b, base), u, b.extract_element(scales, ir.Constant(I32, j)))
         start = b.mul(n_groups, ir.Constant(I64, GROUP))
         with cgutils.for_range_slice(b, start, r.n, ir.Constant(I64, 1)) as (u, _):
             base = b.gep(r.w, [b.mul(u, ir.Constant(I64, unit))])
-            r.add(0, words(b, base), u, b.fmul(_half(b, base, 0), b.load(b.gep(r.xd, [u])), flags=FAST))
+            r.add(0, words(b, base), u, b.fmul(load_half(b, base, 0), b.load(b.gep(r.xd, [u])), flags=FAST))
         return r.result()
 
     return codegen
@@ -167,8 +166,8 @@ def _one_scale_body(qtype: int):
 # -- Q4_K: 256-value superblocks -----------------------------------------------------------------------
 def nibble_words(b: ir.IRBuilder, base: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
     """The low and the high nibbles of the 32 bytes at ``offset`` as two <32 x i16> (one ``vpmovzxbw``)."""
-    w = b.zext(_load(b, base, offset, vt(I8, 32)), vt(I16, 32))
-    return b.and_(w, _const_vec(I16, [0x0F] * 32)), b.lshr(w, _const_vec(I16, [4] * 32))
+    w = b.zext(load_at(b, base, offset, vt(I8, 32)), vt(I16, 32))
+    return b.and_(w, const_vec(I16, [0x0F] * 32)), b.lshr(w, const_vec(I16, [4] * 32))
 
 
 def _q4_k_body(r: WideRow) -> ir.Value:
@@ -180,14 +179,14 @@ def _q4_k_body(r: WideRow) -> ir.Value:
     table = cgutils.alloca_once(b, vt(F32, 8))
     with r.units(144, 8) as (base, x0):
         sc, mn = k_scales_mins(b, base)
-        xd = _f32x8(b, r.xd, x0)
+        xd = load_f32x8(b, r.xd, x0)
         # d and dmin converted from memory with the next 4 bytes (``vcvtph2ps xmm, m64``): a scalar half
         # became a ``vpinsrw`` merging into the register of an accumulator, chaining superblocks
-        dd = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
-        d, dmin = (b.shuffle_vector(dd, dd, _const_vec(I32, [i] * 8)) for i in (0, 1))
+        dd = b.fpext(load_at(b, base, 0, vt(HALF, 4)), vt(F32, 4))
+        d, dmin = (b.shuffle_vector(dd, dd, const_vec(I32, [i] * 8)) for i in (0, 1))
         b.store(b.fmul(b.fmul(sc, d, flags=FAST), xd, flags=FAST), table)
         mins = b.fmul(b.fmul(mn, dmin, flags=FAST), xd, flags=FAST)
-        r.sub(b.fmul(mins, _f32x8(b, r.xs, x0), flags=FAST))
+        r.sub(b.fmul(mins, load_f32x8(b, r.xs, x0), flags=FAST))
         scale = b.bitcast(table, ptr(F32))
         for c in range(4):
             for k, words in enumerate(nibble_words(b, base, 16 + 32 * c)):
@@ -204,12 +203,12 @@ def _q5_0_x4_body(r: WideRow) -> ir.Value:
     of register shuffles: the same speed.)"""
     b = r.b
     with r.units(Q5_0_X4_BYTES, 4) as (base, x0):
-        dw = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
+        dw = b.fpext(load_at(b, base, 0, vt(HALF, 4)), vt(F32, 4))
         scales = b.fmul(dw, b.load(b.bitcast(b.gep(r.xd, [x0]), ptr(vt(F32, 4))), align=4), flags=FAST)
         for p in range(2):
             for k, nib in enumerate(nibble_words(b, base, 24 + 32 * p)):
                 g = 2 * p + k
-                words = _with_fifth_bits(b, nib, _load(b, base, 8 + 4 * g, I32))
+                words = _with_fifth_bits(b, nib, load_at(b, base, 8 + 4 * g, I32))
                 blk = b.add(x0, ir.Constant(I64, g))
                 r.add(g, words, blk, b.extract_element(scales, ir.Constant(I32, g)))
     return r.result()
@@ -222,14 +221,16 @@ def _q6_k_i8_body(r: WideRow) -> ir.Value:
     16 scales converted once per superblock)."""
     b = r.b
     with r.units(Q6_K_I8_BYTES, 8) as (base, x0):
-        d = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))  # d and the first scale bytes (vcvtph2ps m64)
-        sc = b.sitofp(b.sext(_load(b, base, 2, vt(I8, 16)), vt(I32, 16)), vt(F32, LANES))
-        sc = b.fmul(sc, b.shuffle_vector(d, d, _const_vec(I32, [0] * LANES)), flags=FAST)
-        xd = _f32x8(b, r.xd, x0)
+        d = b.fpext(
+            load_at(b, base, 0, vt(HALF, 4)), vt(F32, 4)
+        )  # d and the first scale bytes (vcvtph2ps m64)
+        sc = b.sitofp(b.sext(load_at(b, base, 2, vt(I8, 16)), vt(I32, 16)), vt(F32, LANES))
+        sc = b.fmul(sc, b.shuffle_vector(d, d, const_vec(I32, [0] * LANES)), flags=FAST)
+        xd = load_f32x8(b, r.xd, x0)
         for g in range(8):
-            words = b.sext(_load(b, base, 18 + 32 * g, vt(I8, 32)), vt(I16, 32))
-            lanes = b.shuffle_vector(sc, sc, _const_vec(I32, [2 * g] * 8 + [2 * g + 1] * 8))
-            xg = b.shuffle_vector(xd, xd, _const_vec(I32, [g] * LANES))
+            words = b.sext(load_at(b, base, 18 + 32 * g, vt(I8, 32)), vt(I16, 32))
+            lanes = b.shuffle_vector(sc, sc, const_vec(I32, [2 * g] * 8 + [2 * g + 1] * 8))
+            xg = b.shuffle_vector(xd, xd, const_vec(I32, [g] * LANES))
             r.add_lanes(g, words, b.add(x0, ir.Constant(I64, g)), b.fmul(lanes, xg, flags=FAST))
     return r.result()
 

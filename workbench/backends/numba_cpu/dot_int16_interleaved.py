@@ -24,7 +24,7 @@ from ..._numba import numba
 from ...quant.repack import Q4_K_BYTES, Q5_0_BYTES, Q8_0_BYTES, ROW_GROUP
 from .dot_int8_vnni import HAS_VNNI
 from .dot_int16_512bit import PREFETCH_AHEAD, nibble_words
-from .simd import (
+from .llvm_ir import (
     F32,
     FAST,
     HALF,
@@ -32,19 +32,16 @@ from .simd import (
     I16,
     I32,
     I64,
-    INTERLEAVED,
-    Q4_K_R16,
-    Q5_0_R16,
-    Q8_0_R16,
-    _as_ptr,
-    _const_vec,
-    _load,
-    _pmaddwd,
-    _prefetch,
-    _splat,
+    as_ptr,
+    const_vec,
+    emit_prefetch,
+    load_at,
+    pmaddwd,
     ptr,
+    splat,
     vt,
 )
+from .simd import INTERLEAVED, Q4_K_R16, Q5_0_R16, Q8_0_R16
 
 njit = numba.njit
 LANES = ROW_GROUP  # int32 / float lanes: one per row
@@ -57,7 +54,7 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Valu
     """acc + per int32 lane the sum of 2 products of the int16 pairs of ``w`` and ``x`` (<32 x i16>):
     ``vpdpwssd``, or on a host without AVX512-VNNI the same in plain IR."""
     if not HAS_VNNI:
-        return b.add(acc, _pmaddwd(b, w, x), flags=("nsw",))
+        return b.add(acc, pmaddwd(b, w, x), flags=("nsw",))
     name = "llvm.x86.avx512.vpdpwssd.512"
     fn = b.module.globals.get(name) or ir.Function(
         b.module, ir.FunctionType(vt(I32, LANES), [vt(I32, LANES)] * 3), name
@@ -67,7 +64,7 @@ def _dpwssd(b: ir.IRBuilder, acc: ir.Value, w: ir.Value, x: ir.Value) -> ir.Valu
 
 def _q8_0_slots(b: ir.IRBuilder, base: ir.Value) -> list[ir.Value]:
     """The 16 pair slots of a Q8_0_R16 block as <32 x i16> (``vpmovsxbw`` from memory)."""
-    return [b.sext(_load(b, base, 32 + 32 * k, vt(I8, 32)), vt(I16, 32)) for k in range(16)]
+    return [b.sext(load_at(b, base, 32 + 32 * k, vt(I8, 32)), vt(I16, 32)) for k in range(16)]
 
 
 def _q5_0_slots(b: ir.IRBuilder, base: ir.Value) -> list[ir.Value]:
@@ -78,8 +75,8 @@ def _q5_0_slots(b: ir.IRBuilder, base: ir.Value) -> list[ir.Value]:
     for p in range(8):
         lo, hi = nibble_words(b, base, 96 + 32 * p)
         for k, nib in ((p, lo), (p + 8, hi)):
-            bits = b.bitcast(_load(b, base, 32 + 4 * k, I32), vt(ir.IntType(1), 32))
-            slots[k] = b.select(bits, nib, b.sub(nib, _const_vec(I16, [16] * 32)))
+            bits = b.bitcast(load_at(b, base, 32 + 4 * k, I32), vt(ir.IntType(1), 32))
+            slots[k] = b.select(bits, nib, b.sub(nib, const_vec(I16, [16] * 32)))
     return slots
 
 
@@ -90,8 +87,8 @@ class _Group:
     def __init__(self, b: ir.IRBuilder, args):
         w_a, xq_a, xd_a, xs_a, self.n, self.out = args
         self.b = b
-        self.w, self.xq = _as_ptr(b, w_a, I8), _as_ptr(b, xq_a, I32)
-        self.xd, self.xs = _as_ptr(b, xd_a, F32), _as_ptr(b, xs_a, F32)
+        self.w, self.xq = as_ptr(b, w_a, I8), as_ptr(b, xq_a, I32)
+        self.xd, self.xs = as_ptr(b, xd_a, F32), as_ptr(b, xs_a, F32)
         zero = ir.Constant(vt(F32, LANES), [0.0] * LANES)
         self.acc = [cgutils.alloca_once_value(b, zero) for _ in range(2)]
         self.corr = cgutils.alloca_once_value(b, zero)
@@ -101,7 +98,7 @@ class _Group:
         b = self.b
         base = b.gep(self.w, [b.mul(u, ir.Constant(I64, unit_bytes))])
         for off in range(0, unit_bytes, 64):
-            _prefetch(b, base, PREFETCH_AHEAD + off)
+            emit_prefetch(b, base, PREFETCH_AHEAD + off)
         return base
 
     def xd_splat(self, blk: ir.Value, sums: bool = False) -> ir.Value:
@@ -110,7 +107,7 @@ class _Group:
         v = b.load(b.gep(self.xd, [blk]))
         if sums:
             v = b.fmul(v, b.load(b.gep(self.xs, [blk])), flags=FAST)
-        return _splat(b, v, LANES)
+        return splat(b, v, LANES)
 
     def dot(self, slots: list[ir.Value], blk: ir.Value) -> ir.Value:
         """<16 x i32>: per row the integer dot product of its 32 values in ``slots`` with block ``blk``'s codes
@@ -121,7 +118,7 @@ class _Group:
             pair = b.load(
                 b.gep(self.xq, [b.add(b.mul(blk, ir.Constant(I64, 16)), ir.Constant(I64, k))]), align=4
             )
-            parts[k % 4] = _dpwssd(b, parts[k % 4], v, b.bitcast(_splat(b, pair, LANES), vt(I16, 32)))
+            parts[k % 4] = _dpwssd(b, parts[k % 4], v, b.bitcast(splat(b, pair, LANES), vt(I16, 32)))
         return b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3]))
 
     def add(self, slot: int, total: ir.Value, scales: ir.Value) -> None:
@@ -141,7 +138,7 @@ class _Group:
 
 def _halves(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
     """16 fp16 values at ``offset`` as <16 x float> (``vcvtph2ps``)."""
-    return b.fpext(_load(b, base, offset, vt(HALF, LANES)), vt(F32, LANES))
+    return b.fpext(load_at(b, base, offset, vt(HALF, LANES)), vt(F32, LANES))
 
 
 def _one_scale_body(fmt: int):
@@ -174,13 +171,13 @@ def _q4_k_body(g: _Group) -> None:
     b = g.b
 
     def c32(v: int) -> ir.Constant:
-        return _const_vec(I32, [v] * LANES)
+        return const_vec(I32, [v] * LANES)
 
     with cgutils.for_range(b, g.n) as loop:
         base = g.unit(loop.index, _UNIT[Q4_K_R16])
         x0 = b.mul(loop.index, ir.Constant(I64, 8))
         d, dmin = _halves(b, base, 0), _halves(b, base, 32)
-        p = [b.zext(_load(b, base, 64 + 16 * i, vt(I8, LANES)), vt(I32, LANES)) for i in range(12)]
+        p = [b.zext(load_at(b, base, 64 + 16 * i, vt(I8, LANES)), vt(I32, LANES)) for i in range(12)]
         scales = []
         for j in range(8):
             if j < 4:

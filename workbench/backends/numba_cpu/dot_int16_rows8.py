@@ -19,21 +19,21 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from .dot_f32_rows8 import strict_hsum
-from .simd import (
+from .llvm_ir import (
     F32,
     I16,
     I32,
     I64,
     PREFETCH_AHEAD,
-    _as_ptr,
-    _const_vec,
-    _for_units,
-    _pmaddwd,
-    _prefetch,
-    _splat,
-    format_code,
+    as_ptr,
+    const_vec,
+    emit_prefetch,
+    for_units,
+    pmaddwd,
+    splat,
     vt,
 )
+from .simd import format_code
 
 njit, prange = numba.njit, numba.prange
 
@@ -44,7 +44,7 @@ def _fma(mod: ir.Module, t: ir.Type) -> ir.Function:
 
 
 def _lanes(b: ir.IRBuilder, v: ir.Value, first: int, n: int) -> ir.Value:
-    return b.shuffle_vector(v, v, _const_vec(I32, range(first, first + n)))
+    return b.shuffle_vector(v, v, const_vec(I32, range(first, first + n)))
 
 
 def make_dot_rows_i16(qtype: int, n_rows: int):
@@ -59,31 +59,29 @@ def make_dot_rows_i16(qtype: int, n_rows: int):
 
         def codegen(context, b, signature, args):
             w_a, xq_a, xq_s, xd_a, xs_a, xd_s, n_u, o_a, o_s = args
-            wp = _as_ptr(b, w_a, ir.IntType(8))
+            wp = as_ptr(b, w_a, ir.IntType(8))
             v4 = vt(F32, 4)
             fma4, fma1 = _fma(b.module, v4), _fma(b.module, F32)
             accs = [cgutils.alloca_once_value(b, ir.Constant(v4, [0.0] * 4)) for _ in range(n_rows)]
             corr = [cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(n_rows)]
 
             def row(base, t: int, stride, ty: ir.Type) -> ir.Value:
-                return _as_ptr(b, b.add(base, b.mul(ir.Constant(I64, t), stride)), ty)
+                return as_ptr(b, b.add(base, b.mul(ir.Constant(I64, t), stride)), ty)
 
             xqs = [row(xq_a, t, xq_s, vt(I16, 32)) for t in range(n_rows)]
             xds = [row(xd_a, t, xd_s, F32) for t in range(n_rows)]
             xss = [row(xs_a, t, xd_s, F32) for t in range(n_rows)]
 
             def add(t: int, isum: ir.Value, scale: ir.Value) -> None:
-                term = [b.sitofp(isum, v4), _splat(b, scale, 4), b.load(accs[t])]
+                term = [b.sitofp(isum, v4), splat(b, scale, 4), b.load(accs[t])]
                 b.store(b.call(fma4, term), accs[t])
 
             def body(u, slot):
                 base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
-                _prefetch(b, base, PREFETCH_AHEAD)
+                emit_prefetch(b, base, PREFETCH_AHEAD)
                 for blk in code.decode(b, base, u):
                     for t in range(n_rows):
-                        m = _pmaddwd(
-                            b, blk.values, b.load(b.gep(xqs[t], [blk.xblock]), align=2)
-                        )  # <16 x i32>
+                        m = pmaddwd(b, blk.values, b.load(b.gep(xqs[t], [blk.xblock]), align=2))  # <16 x i32>
                         xd = b.load(b.gep(xds[t], [blk.xblock]))
                         halves = [b.add(_lanes(b, m, 8 * h, 4), _lanes(b, m, 8 * h + 4, 4)) for h in range(2)]
                         if blk.scale_lo is blk.scale_hi:
@@ -95,9 +93,9 @@ def make_dot_rows_i16(qtype: int, n_rows: int):
                             xs = b.load(b.gep(xss[t], [blk.xblock]))
                             b.store(b.call(fma1, [b.fmul(blk.min, xd), xs, b.load(corr[t])]), corr[t])
 
-            _for_units(b, n_u, body, unroll=1)
+            for_units(b, n_u, body, unroll=1)
             for t in range(n_rows):
-                out_p = _as_ptr(b, b.add(o_a, b.mul(ir.Constant(I64, t), o_s)), F32)
+                out_p = as_ptr(b, b.add(o_a, b.mul(ir.Constant(I64, t), o_s)), F32)
                 b.store(b.fsub(strict_hsum(b, b.load(accs[t])), b.load(corr[t])), out_p)
             return context.get_dummy_value()
 

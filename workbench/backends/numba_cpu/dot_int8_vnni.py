@@ -30,23 +30,8 @@ from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
 from .dot_int16_128bit import k_scales_mins
 from .dot_int16_512bit import WideRow
-from .simd import (
-    F32,
-    FAST,
-    HALF,
-    I8,
-    I16,
-    I32,
-    I64,
-    Q5_0_X4,
-    Q6_K_I8,
-    _concat,
-    _const_vec,
-    _f32x8,
-    _load,
-    ptr,
-    vt,
-)
+from .llvm_ir import F32, FAST, HALF, I8, I16, I32, I64, concat, const_vec, load_at, load_f32x8, ptr, vt
+from .simd import Q5_0_X4, Q6_K_I8
 
 VNNI_ORDER = (0, 2, 1, 3)  # the int8 copy's order of the blocks of a group of 4 (its own inverse)
 LANES = 16
@@ -70,7 +55,7 @@ def _dpbusd(b: ir.IRBuilder, acc: ir.Value, u: ir.Value, s: ir.Value) -> ir.Valu
     if not HAS_VNNI:
         prod = b.mul(b.zext(u, vt(I32, 64)), b.sext(s, vt(I32, 64)))
         for k in range(4):
-            acc = b.add(acc, b.shuffle_vector(prod, prod, _const_vec(I32, range(k, 64, 4))))
+            acc = b.add(acc, b.shuffle_vector(prod, prod, const_vec(I32, range(k, 64, 4))))
         return acc
     name = "llvm.x86.avx512.vpdpbusd.512"
     fn = b.module.globals.get(name) or ir.Function(
@@ -81,7 +66,7 @@ def _dpbusd(b: ir.IRBuilder, acc: ir.Value, u: ir.Value, s: ir.Value) -> ir.Valu
 
 def _pair_lanes(b: ir.IRBuilder, scales: ir.Value, i: int, j: int) -> ir.Value:
     """16 lanes: ``scales[i]`` in the first 8 (block i's 32 values), ``scales[j]`` in the last 8."""
-    return b.shuffle_vector(scales, scales, _const_vec(I32, [i] * 8 + [j] * 8))
+    return b.shuffle_vector(scales, scales, const_vec(I32, [i] * 8 + [j] * 8))
 
 
 class _VnniRow(WideRow):
@@ -120,7 +105,7 @@ def _offset_scales(r: _VnniRow, dw: ir.Value, x0: ir.Value, offset: float) -> ir
     xs = b.load(b.bitcast(b.gep(r.xs, [x0]), ptr(vt(F32, 4))), align=4)
     s = b.fmul(dw, xd, flags=FAST)
     corr = b.fmul(s, b.fmul(xs, ir.Constant(vt(F32, 4), [offset] * 4), flags=FAST), flags=FAST)
-    r.sub(b.shuffle_vector(corr, ir.Constant(corr.type, [0.0] * 4), _const_vec(I32, range(8))))
+    r.sub(b.shuffle_vector(corr, ir.Constant(corr.type, [0.0] * 4), const_vec(I32, range(8))))
     return s
 
 
@@ -129,16 +114,16 @@ def _q8_0_body(r: _VnniRow) -> ir.Value:
     """Blocks 0 and 2, then 1 and 3, of each group of 4 loaded as 32 + 32 bytes, made unsigned (+ 128: the
     sign bit flipped); the row has a whole number of groups (the caller checks)."""
     b = r.b
-    flip = _const_vec(I8, [-128] * 64)
+    flip = const_vec(I8, [-128] * 64)
     with r.units(4 * 34, 4) as (base, x0):
         bits = ir.Constant(vt(I16, 4), [0] * 4)
         for j in range(4):
-            bits = b.insert_element(bits, _load(b, base, 34 * j, I16), ir.Constant(I32, j))
+            bits = b.insert_element(bits, load_at(b, base, 34 * j, I16), ir.Constant(I32, j))
         dw = b.fpext(b.bitcast(bits, vt(HALF, 4)), vt(F32, 4))
         s = _offset_scales(r, dw, x0, 128.0)
         for k in range(2):
             i, j = VNNI_ORDER[2 * k], VNNI_ORDER[2 * k + 1]
-            w = _concat(b, _load(b, base, 34 * i + 2, vt(I8, 32)), _load(b, base, 34 * j + 2, vt(I8, 32)))
+            w = concat(b, load_at(b, base, 34 * i + 2, vt(I8, 32)), load_at(b, base, 34 * j + 2, vt(I8, 32)))
             r.add_int(k, r.dot(b.xor(w, flip), r.pair(x0, k)), _pair_lanes(b, s, i, j))
     return r.result()
 
@@ -148,19 +133,19 @@ def _q5_0_x4_body(r: _VnniRow) -> ir.Value:
     """The 64 nibble bytes: low nibbles blocks 0 and 2, high ones 1 and 3; + 16 where a value's fifth bit
     (two fifth-bit words as one ``kmovq`` mask) is set: value + 16, unsigned."""
     b = r.b
-    low, sixteen = _const_vec(I8, [15] * 64), _const_vec(I8, [16] * 64)
+    low, sixteen = const_vec(I8, [15] * 64), const_vec(I8, [16] * 64)
     with r.units(Q5_0_X4_BYTES, 4) as (base, x0):
-        dw = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
+        dw = b.fpext(load_at(b, base, 0, vt(HALF, 4)), vt(F32, 4))
         s = _offset_scales(r, dw, x0, 16.0)
-        qh = _load(b, base, 8, vt(I64, 2))  # fifth-bit words 0 | 1 << 32, 2 | 3 << 32
+        qh = load_at(b, base, 8, vt(I64, 2))  # fifth-bit words 0 | 1 << 32, 2 | 3 << 32
         q01, q23 = (b.extract_element(qh, ir.Constant(I32, i)) for i in (0, 1))
         lo32 = ir.Constant(I64, 0xFFFFFFFF)
         masks = (
             b.or_(b.and_(q01, lo32), b.shl(q23, ir.Constant(I64, 32))),  # blocks 0, 2
             b.or_(b.lshr(q01, ir.Constant(I64, 32)), b.and_(q23, ir.Constant(I64, 0xFFFFFFFF00000000))),
         )
-        nib = _load(b, base, 24, vt(I8, 64))
-        halves = (b.and_(nib, low), b.and_(b.lshr(nib, _const_vec(I8, [4] * 64)), low))
+        nib = load_at(b, base, 24, vt(I8, 64))
+        halves = (b.and_(nib, low), b.and_(b.lshr(nib, const_vec(I8, [4] * 64)), low))
         for k in range(2):
             bits = b.bitcast(masks[k], vt(ir.IntType(1), 64))
             u = b.select(bits, b.or_(halves[k], sixteen), halves[k])
@@ -174,18 +159,18 @@ def _q4_k_body(r: _VnniRow) -> ir.Value:
     (unsigned as they are); scales d x scale x activation scale, mins subtracted as dmin x min x activation
     scale x activation sum."""
     b = r.b
-    low = _const_vec(I8, [15] * 64)
+    low = const_vec(I8, [15] * 64)
     with r.units(144, 8) as (base, x0):
         sc, mn = k_scales_mins(b, base)
-        xd = _f32x8(b, r.xd, x0)
-        dd = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
-        d, dmin = (b.shuffle_vector(dd, dd, _const_vec(I32, [i] * 8)) for i in (0, 1))
+        xd = load_f32x8(b, r.xd, x0)
+        dd = b.fpext(load_at(b, base, 0, vt(HALF, 4)), vt(F32, 4))
+        d, dmin = (b.shuffle_vector(dd, dd, const_vec(I32, [i] * 8)) for i in (0, 1))
         s = b.fmul(b.fmul(sc, d, flags=FAST), xd, flags=FAST)
         mins = b.fmul(b.fmul(mn, dmin, flags=FAST), xd, flags=FAST)
-        r.sub(b.fmul(mins, _f32x8(b, r.xs, x0), flags=FAST))
+        r.sub(b.fmul(mins, load_f32x8(b, r.xs, x0), flags=FAST))
         for c in range(2):
-            nib = _load(b, base, 16 + 64 * c, vt(I8, 64))
-            halves = (b.and_(nib, low), b.and_(b.lshr(nib, _const_vec(I8, [4] * 64)), low))
+            nib = load_at(b, base, 16 + 64 * c, vt(I8, 64))
+            halves = (b.and_(nib, low), b.and_(b.lshr(nib, const_vec(I8, [4] * 64)), low))
             for k in range(2):
                 i, j = 4 * c + VNNI_ORDER[2 * k], 4 * c + VNNI_ORDER[2 * k + 1]
                 r.add_int(k, r.dot(halves[k], r.pair(x0, 2 * c + k)), _pair_lanes(b, s, i, j))
@@ -198,23 +183,23 @@ def _q6_k_i8_body(r: _VnniRow) -> ir.Value:
     (32 x the sum of each lane's 4 activations, by one more ``vpdpbusd``), as the 16-value scales differ
     within a block; lanes 0-3, 4-7, 8-11, 12-15: values 0-15 and 16-31 of block i, then of block j."""
     b = r.b
-    off = _const_vec(I8, [32] * 64)
+    off = const_vec(I8, [32] * 64)
     with r.units(Q6_K_I8_BYTES, 8) as (base, x0):
-        d = b.fpext(_load(b, base, 0, vt(HALF, 4)), vt(F32, 4))
-        sc = b.sitofp(b.sext(_load(b, base, 2, vt(I8, 16)), vt(I32, LANES)), vt(F32, LANES))
-        sc = b.fmul(sc, b.shuffle_vector(d, d, _const_vec(I32, [0] * LANES)), flags=FAST)
-        xd = _f32x8(b, r.xd, x0)
-        s = b.fmul(sc, b.shuffle_vector(xd, xd, _const_vec(I32, [i // 2 for i in range(LANES)])), flags=FAST)
+        d = b.fpext(load_at(b, base, 0, vt(HALF, 4)), vt(F32, 4))
+        sc = b.sitofp(b.sext(load_at(b, base, 2, vt(I8, 16)), vt(I32, LANES)), vt(F32, LANES))
+        sc = b.fmul(sc, b.shuffle_vector(d, d, const_vec(I32, [0] * LANES)), flags=FAST)
+        xd = load_f32x8(b, r.xd, x0)
+        s = b.fmul(sc, b.shuffle_vector(xd, xd, const_vec(I32, [i // 2 for i in range(LANES)])), flags=FAST)
         for grp in range(2):
             for k in range(2):
                 i, j = 4 * grp + VNNI_ORDER[2 * k], 4 * grp + VNNI_ORDER[2 * k + 1]
-                w = _concat(
-                    b, _load(b, base, 18 + 32 * i, vt(I8, 32)), _load(b, base, 18 + 32 * j, vt(I8, 32))
+                w = concat(
+                    b, load_at(b, base, 18 + 32 * i, vt(I8, 32)), load_at(b, base, 18 + 32 * j, vt(I8, 32))
                 )
                 x = r.x(r.pair(x0, 2 * grp + k))
                 p = b.sub(_dpbusd(b, r.ZERO, b.add(w, off), x), _dpbusd(b, r.ZERO, off, x))
                 lanes = [2 * i] * 4 + [2 * i + 1] * 4 + [2 * j] * 4 + [2 * j + 1] * 4
-                r.add_int(k, p, b.shuffle_vector(s, s, _const_vec(I32, lanes)))
+                r.add_int(k, p, b.shuffle_vector(s, s, const_vec(I32, lanes)))
     return r.result()
 
 

@@ -311,7 +311,7 @@ def _claim(counter, front):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _table_tasks(wt, n_w, rpt):  # pragma: no cover - compiled
+def table_tasks(wt, n_w, rpt):  # pragma: no cover - compiled
     """Task sizes (rows) of the first ``n_w`` weights of ``wt``, the index of each weight's first task, and
     whether threads claim tasks (tables of more than CLAIMED_ROWS rows) or take equal shares of them."""
     rows = 0
@@ -367,7 +367,7 @@ def _table_task_f32(wt, size, starts, i, outs, x, xs):  # pragma: no cover - com
 WORKERS = 16
 
 
-NO_PREFETCH = np.zeros(3, np.int64)  # the prefetch region of a table matvec: none (see _prefetch_share)
+NO_PREFETCH = np.zeros(3, np.int64)  # the prefetch region of a table matvec: none (see prefetch_share)
 # a table matvec's per-task maxima: not wanted (from Python; compiled callers pass an empty slice of their own
 # buffer, as numba freezes global arrays read-only)
 NO_MAXIMA = np.zeros(0, np.float32)
@@ -375,7 +375,7 @@ PREFETCH_MAX = 1 << 20  # bytes of a prefetch region at most (both arrays): of l
 
 
 @njit(cache=True, inline="always")
-def _prefetch_share(pf, i, n_tasks):  # pragma: no cover - compiled
+def prefetch_share(pf, i, n_tasks):  # pragma: no cover - compiled
     """Prefetch task ``i``'s share of the cache lines of two arrays (addresses ``pf[0]``, ``pf[1]``, ``pf[2]``
     bytes each): the KV rows of the next decode attention, during the gate/up projection before it (the
     cache is cold: a token's weights streamed through since). With the static schedule the first thread
@@ -427,7 +427,7 @@ def argmax_of_tasks(wt, rpt, maxima, n_tasks, out):  # pragma: no cover - compil
     """np.argmax of the output row ``out`` of a table matvec that recorded the maxima of its ``n_tasks`` tasks
     (:func:`matvec_table_i16`'s return): the first task holding the largest, then its first row holding it;
     -1 when an output is not finite (np.argmax then decides: a NaN wins there)."""
-    size, starts, _ = _table_tasks(wt, np.int64(1), rpt)
+    size, starts, _ = table_tasks(wt, np.int64(1), rpt)
     best, at = np.float32(-np.inf), -1
     for i in range(n_tasks):
         m = maxima[i]
@@ -453,9 +453,9 @@ def matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt, pf, maxima):  # pragma: no 
     crossing cores per task cost more than it saved), the first half of the iterations from the front of the
     tasks, the second half from the back, so that each thread streams one contiguous stretch of the weight
     (figures: docs/backend-cpu.md#the-lm-head).
-    ``pf``: a region whose lines the tasks of a table of equal shares prefetch (:func:`_prefetch_share`).
+    ``pf``: a region whose lines the tasks of a table of equal shares prefetch (:func:`prefetch_share`).
     ``maxima``: see :func:`_wants_maxima`; returns the number of tasks whose maxima it holds (0: none)."""
-    size, starts, claim = _table_tasks(wt, n_w, rpt)
+    size, starts, claim = table_tasks(wt, n_w, rpt)
     fill = _wants_maxima(maxima, n_w, starts[n_w], xq.shape[0])
     if claim:
         counter = _counter(starts[n_w])
@@ -473,14 +473,14 @@ def matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt, pf, maxima):  # pragma: no 
             if fill:
                 _task_max(wt, size, starts, i, outs, maxima)
             if pf[2] > 0:
-                _prefetch_share(pf, i, starts[n_w])
+                prefetch_share(pf, i, starts[n_w])
     return starts[n_w] if fill else 0
 
 
 @njit(parallel=True, cache=True)
 def matvec_table_f32(wt, n_w, outs, x, xs, rpt, pf, maxima):  # pragma: no cover - compiled
     """The exact-float twin of :func:`matvec_table_i16`."""
-    size, starts, claim = _table_tasks(wt, n_w, rpt)
+    size, starts, claim = table_tasks(wt, n_w, rpt)
     fill = _wants_maxima(maxima, n_w, starts[n_w], x.shape[0])
     if claim:
         counter = _counter(starts[n_w])
@@ -498,5 +498,5 @@ def matvec_table_f32(wt, n_w, outs, x, xs, rpt, pf, maxima):  # pragma: no cover
             if fill:
                 _task_max(wt, size, starts, i, outs, maxima)
             if pf[2] > 0:
-                _prefetch_share(pf, i, starts[n_w])
+                prefetch_share(pf, i, starts[n_w])
     return starts[n_w] if fill else 0

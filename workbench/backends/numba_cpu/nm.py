@@ -22,7 +22,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..._numba import numba
-from .simd import F32, FAST, I8, I16, I32, I64, _as_ptr, _hsum, _prefetch, ptr, vt
+from .llvm_ir import F32, FAST, I8, I16, I32, I64, as_ptr, emit_prefetch, hsum, ptr, vt
 
 njit, prange = numba.njit, numba.prange
 # the values plane's dtype as the kernels see it selects the decoder at compile time: float32, int8 (times
@@ -90,7 +90,7 @@ def make_dot_2_4(kind: str):
         def codegen(context, b, signature, args):
             v_a, c_a, t_a, n_pairs = args
             f4, i64 = vt(F32, 4), (lambda k: ir.Constant(I64, k))
-            vp, cp, tp = _as_ptr(b, v_a, I8), _as_ptr(b, c_a, I8), _as_ptr(b, t_a, f4)
+            vp, cp, tp = as_ptr(b, v_a, I8), as_ptr(b, c_a, I8), as_ptr(b, t_a, f4)
             acc = [cgutils.alloca_once_value(b, ir.Constant(f4, [0.0] * 4)) for _ in range(UNROLL)]
 
             def pair(p: ir.Value, code: ir.Value, slot: int) -> None:
@@ -103,7 +103,7 @@ def make_dot_2_4(kind: str):
             n_iter = b.udiv(n_pairs, i64(UNROLL))
             with cgutils.for_range(b, n_iter) as loop:
                 p0 = b.mul(loop.index, i64(UNROLL))
-                _prefetch(b, b.gep(vp, [b.mul(p0, i64(4 * VALUE_BYTES[kind]))]), PREFETCH_AHEAD)
+                emit_prefetch(b, b.gep(vp, [b.mul(p0, i64(4 * VALUE_BYTES[kind]))]), PREFETCH_AHEAD)
                 word = b.load(b.bitcast(b.gep(cp, [p0]), ptr(I32)), align=1)
                 for k in range(UNROLL):
                     pair(b.add(p0, i64(k)), b.trunc(b.lshr(word, ir.Constant(I32, 8 * k)), I8), k)
@@ -112,7 +112,7 @@ def make_dot_2_4(kind: str):
             total = b.load(acc[0])
             for a in acc[1:]:
                 total = b.fadd(total, b.load(a), flags=FAST)
-            return _hsum(b, total)
+            return hsum(b, total)
 
         return sig, codegen
 

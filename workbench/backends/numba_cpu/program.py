@@ -55,7 +55,7 @@ KV_KEYS, KV_VALS, KV_POS, KV_CAP, KV_RING = range(5)
 
 
 @intrinsic
-def _cycles(typingctx):
+def cycle_counter(typingctx):
     """The CPU's cycle counter (``llvm.readcyclecounter``: rdtsc on x86)."""
 
     def codegen(context, b, signature, args):
@@ -69,18 +69,18 @@ def _cycles(typingctx):
 
 @njit(cache=True)
 def cycles():  # pragma: no cover - compiled
-    return _cycles()
+    return cycle_counter()
 
 
 @njit(cache=True)
-def _view(arena, off, n):  # pragma: no cover - compiled
+def arena_row(arena, off, n):  # pragma: no cover - compiled
     return arena[off : off + n].reshape((1, n))
 
 
 @njit(cache=True)
 def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf):  # pragma: no cover
     """``outs[j] = x @ W_j.T`` for the first ``n_w`` weights of ``wt``; int16 activations unless levels = 0;
-    the tasks prefetch the region ``pf`` describes (see :func:`.matvec._prefetch_share`) and record their
+    the tasks prefetch the region ``pf`` describes (see :func:`.matvec.prefetch_share`) and record their
     largest outputs in ``maxima`` where it asks for them; returns the number of tasks recorded."""
     if levels > 0:
         mv.quantize_rows_i16(x, levels, xq, xd, xs)
@@ -90,7 +90,7 @@ def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf):  # pragma: 
 
 
 @njit(cache=True)
-def _kv_region(kv, layer, width, pos, pf):  # pragma: no cover - compiled
+def kv_prefetch_region(kv, layer, width, pos, pf):  # pragma: no cover - compiled
     """Fill ``pf`` with the KV rows a decode attention at ``pos`` reads in ``layer`` (rows 0 .. the slots
     written, ``width`` floats each), their first PREFETCH_MAX / 2 bytes of keys and of values at most."""
     n = min(kv[layer, KV_CAP], pos) * width * 4
@@ -134,13 +134,13 @@ def run_program(
     pf = np.zeros(3, np.int64)
     last, recorded = code.shape[0] - 1, np.int64(0)
     if stamps.shape[0] and start == 0:
-        stamps[0] = _cycles()
+        stamps[0] = cycle_counter()
     for i in range(start, code.shape[0]):
         c = code[i]
         op = c[C_OP]
         kk, n = c[C_K], c[C_N]
-        x = _view(arena, c[C_IN], kk)
-        out = _view(arena, c[C_OUT], n)
+        x = arena_row(arena, c[C_IN], kk)
+        out = arena_row(arena, c[C_OUT], n)
         if op == EMBED:
             embed(wts[i, 0], token, fp[i, F_SCALE], out)
         elif op == NORM_ROPE:
@@ -157,31 +157,31 @@ def run_program(
         elif op == RMSNORM:  # C_AUX: the group (row length for a plain norm)
             k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX]], fp[i, F_EPS], c[C_AUX], out)
         elif op == ADD:
-            k.add(x, _view(arena, c[C_AUX], kk), out)
+            k.add(x, arena_row(arena, c[C_AUX], kk), out)
         elif op == SPARSE_FFN:
             return np.int64(-1), i  # run_sparse_instruction
         else:
             nw = c[C_NW]
-            o0 = _view(arena, c[C_OUTS], wts[i, 0, mv.W_ROWS])
-            o1 = _view(arena, c[C_OUTS + 1], wts[i, 1, mv.W_ROWS]) if nw > 1 else o0
-            o2 = _view(arena, c[C_OUTS + 2], wts[i, 2, mv.W_ROWS]) if nw > 2 else o0
+            o0 = arena_row(arena, c[C_OUTS], wts[i, 0, mv.W_ROWS])
+            o1 = arena_row(arena, c[C_OUTS + 1], wts[i, 1, mv.W_ROWS]) if nw > 1 else o0
+            o2 = arena_row(arena, c[C_OUTS + 2], wts[i, 2, mv.W_ROWS]) if nw > 2 else o0
             if op == MATMUL_NORM_ADD:
                 pf[2] = 0
                 _project(wts[i], np.int64(1), x, (o0, o0, o0), levels, xq, xd, xs, rpt, maxima[:0], pf)
-                res = _view(arena, c[C_AUX], n)
+                res = arena_row(arena, c[C_AUX], n)
                 k.rmsnorm_add(o0, norms[c[C_NORM] : c[C_NORM] + n], fp[i, F_EPS], res, out)
             else:
-                h = _view(arena, c[C_AUX], kk)
+                h = arena_row(arena, c[C_AUX], kk)
                 k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + kk], fp[i, F_EPS], kk, h)
                 pf[2] = 0
                 if c[C_PF] > 0:
-                    _kv_region(kv, c[C_PF] - 1, c[C_PF + 1], pos, pf)
+                    kv_prefetch_region(kv, c[C_PF] - 1, c[C_PF + 1], pos, pf)
                 mx = maxima if i == last and op == NORM_MATMUL else maxima[:0]
                 recorded = _project(wts[i], nw, h, (o0, o1, o2), levels, xq, xd, xs, rpt, mx, pf)
                 if op == NORM_MATMUL_GELU:
                     k.gelu_mul(o0, o1, out)
         if stamps.shape[0]:
-            stamps[i + 1] = _cycles()
+            stamps[i + 1] = cycle_counter()
     end = np.int64(code.shape[0])
     if recorded == 0:
         return np.int64(-1), end
@@ -191,7 +191,7 @@ def run_program(
 @njit(cache=True)
 def stamp(stamps, j):  # pragma: no cover - compiled
     """stamps[j] = the cycle counter (from Python: the counter is an intrinsic)."""
-    stamps[j] = _cycles()
+    stamps[j] = cycle_counter()
 
 
 @njit(cache=True)
@@ -200,10 +200,10 @@ def run_sparse_instruction(i, code, fp, wts, arena, pos, kv, levels, xq, xd, xs,
     attention. Their kernels live here, not in run_program, so a dense model never compiles them."""
     c = code[i]
     op, kk, n = c[C_OP], c[C_K], c[C_N]
-    x = _view(arena, c[C_IN], kk)
-    out = _view(arena, c[C_OUT], n)
+    x = arena_row(arena, c[C_IN], kk)
+    out = arena_row(arena, c[C_OUT], n)
     if op == SPARSE_FFN:  # C_AUX: gate scratch; C_AUX2: kept count (0: statistical, F_SCALE its z)
-        g = _view(arena, c[C_AUX], wts[i, 0, mv.W_ROWS])
+        g = arena_row(arena, c[C_AUX], wts[i, 0, mv.W_ROWS])
         pf = np.zeros(3, np.int64)
         _project(wts[i], np.int64(1), x, (g, g, g), levels, xq, xd, xs, rpt, np.zeros(0, np.float32), pf)
         sp.kept_ffn(wts[i], g[0], c[C_AUX2], fp[i, F_SCALE], levels, x, xq, xd, xs, out[0], c[C_NW])
@@ -447,7 +447,7 @@ def step_done(prog: Program, step: Step, pos: int) -> np.ndarray:
 def _maxima(prog: Program, rpt: int) -> np.ndarray:
     """The buffer for the per-task maxima of the program's last projection (one float per task)."""
     if prog.maxima is None:
-        _, starts, _ = mv._table_tasks(prog.wts[-1], 1, rpt)
+        _, starts, _ = mv.table_tasks(prog.wts[-1], 1, rpt)
         prog.maxima = np.empty(int(starts[1]), np.float32)
     return prog.maxima
 

@@ -17,7 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .simd import (
+from .llvm_ir import (
     F32,
     FAST,
     HALF,
@@ -26,15 +26,15 @@ from .simd import (
     I32,
     I64,
     PREFETCH_AHEAD,
-    _as_ptr,
-    _concat,
-    _for_units,
-    _hsum,
-    _load,
-    _nibbles,
-    _pmaddwd,
-    _prefetch,
-    _splat,
+    as_ptr,
+    concat,
+    emit_prefetch,
+    for_units,
+    hsum,
+    load_at,
+    nibbles,
+    pmaddwd,
+    splat,
     vt,
 )
 
@@ -42,11 +42,11 @@ from .simd import (
 def _codes(b, wbase, group: int) -> list[tuple[ir.Value, int]]:
     """The group's unsigned 4-bit codes as (<32 x i8>, offset of their first value in the group)."""
     if group == 32:
-        lo, hi = _nibbles(b, _load(b, wbase, 0, vt(I8, 16)))
-        return [(_concat(b, lo, hi), 0)]
+        lo, hi = nibbles(b, load_at(b, wbase, 0, vt(I8, 16)))
+        return [(concat(b, lo, hi), 0)]
     out = []
     for c in range(group // 64):
-        lo, hi = _nibbles(b, _load(b, wbase, 32 * c, vt(I8, 32)))
+        lo, hi = nibbles(b, load_at(b, wbase, 32 * c, vt(I8, 32)))
         out += [(lo, 32 * c), (hi, group // 2 + 32 * c)]
     return out
 
@@ -69,10 +69,10 @@ def make_dot_int4(group: int, asym: bool, int8_act: bool):
 
         def codegen(context, b, signature, args):
             w_a, s_a, z_a, x_a, xg_a, n_g = args
-            wp, sp, zp = _as_ptr(b, w_a, I8), _as_ptr(b, s_a, I16), _as_ptr(b, z_a, I8)
+            wp, sp, zp = as_ptr(b, w_a, I8), as_ptr(b, s_a, I16), as_ptr(b, z_a, I8)
             lanes = 16 if int8_act else 32
-            xp = _as_ptr(b, x_a, vt(I8, 32) if int8_act else vt(F32, 32))
-            xgp = _as_ptr(b, xg_a, I32 if int8_act else F32)
+            xp = as_ptr(b, x_a, vt(I8, 32) if int8_act else vt(F32, 32))
+            xgp = as_ptr(b, xg_a, I32 if int8_act else F32)
             accv = [
                 cgutils.alloca_once_value(b, ir.Constant(vt(F32, lanes), [0.0] * lanes)) for _ in range(2)
             ]
@@ -80,34 +80,34 @@ def make_dot_int4(group: int, asym: bool, int8_act: bool):
 
             def body(g, slot):
                 wbase = b.gep(wp, [b.mul(g, ir.Constant(I64, group // 2))])
-                _prefetch(b, wbase, PREFETCH_AHEAD)
+                emit_prefetch(b, wbase, PREFETCH_AHEAD)
                 scale, zero = _group_scale_zero(b, sp, zp, g, asym)
                 first = b.mul(g, ir.Constant(I64, group // 32))
                 isum = None
                 for codes, off in _codes(b, wbase, group):
                     xv = b.load(b.gep(xp, [b.add(first, ir.Constant(I64, off // 32))]), align=1)
                     if int8_act:
-                        p = _pmaddwd(b, b.zext(codes, vt(I16, 32)), b.sext(xv, vt(I16, 32)))
+                        p = pmaddwd(b, b.zext(codes, vt(I16, 32)), b.sext(xv, vt(I16, 32)))
                         isum = p if isum is None else b.add(isum, p)
                     else:
                         prod = b.fmul(b.uitofp(codes, vt(F32, 32)), xv, flags=FAST)
                         acc = accv[slot]
                         b.store(
-                            b.fadd(b.load(acc), b.fmul(prod, _splat(b, scale, 32), flags=FAST), flags=FAST),
+                            b.fadd(b.load(acc), b.fmul(prod, splat(b, scale, 32), flags=FAST), flags=FAST),
                             acc,
                         )
                 if int8_act:
                     acc = accv[slot]
-                    scaled = b.fmul(b.sitofp(isum, vt(F32, 16)), _splat(b, scale, 16), flags=FAST)
+                    scaled = b.fmul(b.sitofp(isum, vt(F32, 16)), splat(b, scale, 16), flags=FAST)
                     b.store(b.fadd(b.load(acc), scaled, flags=FAST), acc)
                 xg_g = b.load(b.gep(xgp, [g]))
                 xg_f = b.sitofp(xg_g, F32) if int8_act else xg_g
                 corr = b.fmul(b.fmul(scale, zero, flags=FAST), xg_f, flags=FAST)
                 b.store(b.fsub(b.load(accs), corr, flags=FAST), accs)
 
-            _for_units(b, n_g, body)
+            for_units(b, n_g, body)
             total = b.fadd(b.load(accv[0]), b.load(accv[1]), flags=FAST)
-            return b.fadd(_hsum(b, total), b.load(accs), flags=FAST)
+            return b.fadd(hsum(b, total), b.load(accs), flags=FAST)
 
         return sig, codegen
 

@@ -93,14 +93,14 @@ def _barrier(flags, s, n_shards, epoch):  # pragma: no cover - compiled
     """Shard ``s`` reaches barrier ``epoch`` and waits for the others; False when one did not come within
     SPIN_LIMIT ticks or another shard gave up (its flag ``flags[n_shards * LINE]`` set)."""
     _store_release(flags, s * LINE, epoch)
-    t0 = pg._cycles()
+    t0 = pg.cycle_counter()
     for o in range(n_shards):
         spins = 0
         while _load_acquire(flags, o * LINE) < epoch:
             _pause()
             spins += 1
             if spins % 1024 == 0 and (
-                _load_acquire(flags, n_shards * LINE) != 0 or pg._cycles() - t0 > SPIN_LIMIT
+                _load_acquire(flags, n_shards * LINE) != 0 or pg.cycle_counter() - t0 > SPIN_LIMIT
             ):
                 _store_release(flags, n_shards * LINE, 1)
                 return False
@@ -111,7 +111,7 @@ def _barrier(flags, s, n_shards, epoch):  # pragma: no cover - compiled
 def _part(arena, off, n, s, n_shards):  # pragma: no cover - compiled
     """Shard ``s``'s share of the ``n`` values at ``off``, as a (1, n / n_shards) view."""
     w = n // n_shards
-    return pg._view(arena, off + s * w, w)
+    return pg.arena_row(arena, off + s * w, w)
 
 
 PF_ROWS = 32  # rows of the first weight between two shares of the prefetched KV lines
@@ -121,7 +121,7 @@ PF_ROWS = 32  # rows of the first weight between two shares of the prefetched KV
 def _project(wt, c0, n_w, x, outs, levels, xq, xd, xs, pf):  # pragma: no cover - compiled
     """``outs[j][0, c0[j]:] = x @ W_j.T`` for the shard's weights ``wt`` (all their rows), on this thread,
     the first weight PF_ROWS rows at a time, each followed by a share of the lines of the region ``pf``
-    (see :func:`.program._kv_region`; ``pf[2]`` = 0: none)."""
+    (see :func:`.program.kv_prefetch_region`; ``pf[2]`` = 0: none)."""
     if levels > 0:
         mv.quantize_rows_i16(x, levels, xq, xd, xs)
     else:
@@ -140,7 +140,7 @@ def _project(wt, c0, n_w, x, outs, levels, xq, xd, xs, pf):  # pragma: no cover 
                 mv.rows_f32_at(w[mv.W_FMT], w[mv.W_ADDR], w[mv.W_ROW_BYTES], w[mv.W_UNITS], r0, r1, x, xs,
                                 outs[j], c0[j] + r0)  # fmt: skip
             if step < rows:
-                mv._prefetch_share(pf, t, n_steps)
+                mv.prefetch_share(pf, t, n_steps)
 
 
 @njit(cache=True)
@@ -155,30 +155,34 @@ def _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms,
     end = code.shape[0]
     pf = np.zeros(3, np.int64)
     while i < end:
-        t0 = pg._cycles() if timed else 0
+        t0 = pg.cycle_counter() if timed else 0
         c = code[i]
         op, kk, n = c[pg.C_OP], c[pg.C_K], c[pg.C_N]
-        x = pg._view(a, c[pg.C_IN], kk)
-        out = pg._view(a, c[pg.C_OUT], n)
+        x = pg.arena_row(a, c[pg.C_IN], kk)
+        out = pg.arena_row(a, c[pg.C_OUT], n)
         if resume:  # the exchange: every shard's partial sum, added in shard order
-            o0 = pg._view(a, c[pg.C_OUTS], n)
+            o0 = pg.arena_row(a, c[pg.C_OUTS], n)
             got = parts[(epoch - 1) % 2]
             o0[0, :] = got[0, :n]
             for o in range(1, n_sh):
                 for r in range(n):
                     o0[0, r] += got[o, r]
             k.rmsnorm_add(
-                o0, norms[c[pg.C_NORM] : c[pg.C_NORM] + n], fp[i, pg.F_EPS], pg._view(a, c[pg.C_AUX], n), out
+                o0,
+                norms[c[pg.C_NORM] : c[pg.C_NORM] + n],
+                fp[i, pg.F_EPS],
+                pg.arena_row(a, c[pg.C_AUX], n),
+                out,
             )
             resume = False
         elif mode[i] == COLS:
             # a C-contiguous (1, n) view, as the other calls' outputs (one specialization of _project)
-            mine = pg._view(parts.reshape(-1), ((epoch % 2) * n_sh + s) * parts.shape[2], n)
+            mine = pg.arena_row(parts.reshape(-1), ((epoch % 2) * n_sh + s) * parts.shape[2], n)
             pf[2] = 0
             _project(wts[s, i], c0[s, i], np.int64(1), _part(a, c[pg.C_IN], kk, s, n_sh), (mine, mine, mine), levels,
                      xq[s], xd[s], xs[s], pf)  # fmt: skip
             if timed:
-                spans[0, s, i] += pg._cycles() - t0
+                spans[0, s, i] += pg.cycle_counter() - t0
             return i
         elif op == pg.EMBED:
             pg.embed(wts[s, i, 0], token, fp[i, pg.F_SCALE], out)
@@ -197,24 +201,24 @@ def _segment(s, i, resume, epoch, code, fp, mode, wts, c0, arenas, parts, norms,
         elif op == pg.RMSNORM:
             k.rmsnorm(x, norms[c[pg.C_NORM] : c[pg.C_NORM] + c[pg.C_AUX]], fp[i, pg.F_EPS], c[pg.C_AUX], out)
         elif op == pg.ADD:
-            k.add(x, pg._view(a, c[pg.C_AUX], kk), out)
+            k.add(x, pg.arena_row(a, c[pg.C_AUX], kk), out)
         else:  # NORM_MATMUL (Q rows split, K and V whole), NORM_MATMUL_GELU (gate and up rows split)
             nw = c[pg.C_NW]
             wt, at = wts[s, i], c0[s, i]  # this shard's rows of each weight, and where they go
-            o0 = pg._view(a, c[pg.C_OUTS], at[0] + wt[0, mv.W_ROWS])
-            o1 = pg._view(a, c[pg.C_OUTS + 1], at[1] + wt[1, mv.W_ROWS]) if nw > 1 else o0
-            o2 = pg._view(a, c[pg.C_OUTS + 2], at[2] + wt[2, mv.W_ROWS]) if nw > 2 else o0
-            h = pg._view(a, c[pg.C_AUX], kk)
+            o0 = pg.arena_row(a, c[pg.C_OUTS], at[0] + wt[0, mv.W_ROWS])
+            o1 = pg.arena_row(a, c[pg.C_OUTS + 1], at[1] + wt[1, mv.W_ROWS]) if nw > 1 else o0
+            o2 = pg.arena_row(a, c[pg.C_OUTS + 2], at[2] + wt[2, mv.W_ROWS]) if nw > 2 else o0
+            h = pg.arena_row(a, c[pg.C_AUX], kk)
             k.rmsnorm(x, norms[c[pg.C_NORM] : c[pg.C_NORM] + kk], fp[i, pg.F_EPS], kk, h)
             pf[2] = 0
             if c[pg.C_PF] > 0:  # the KV rows of the next attention, which this shard reads whole
-                pg._kv_region(kv, c[pg.C_PF] - 1, c[pg.C_PF + 1], pos, pf)
+                pg.kv_prefetch_region(kv, c[pg.C_PF] - 1, c[pg.C_PF + 1], pos, pf)
             _project(wt, at, nw, h, (o0, o1, o2), levels, xq[s], xd[s], xs[s], pf)
             if op == pg.NORM_MATMUL_GELU:
                 r0, r1 = at[0], at[0] + wt[0, mv.W_ROWS]
                 k.gelu_mul(o0[:, r0:r1], o1[:, r0:r1], out[:, r0:r1])
         if timed:
-            spans[0, s, i] += pg._cycles() - t0
+            spans[0, s, i] += pg.cycle_counter() - t0
         i += 1
     return end
 
@@ -239,11 +243,11 @@ def run_shards(threaded, code, fp, mode, wts, c0, arenas, parts, norms, token, p
                              kv, levels, xq, xd, xs, spans, timed)  # fmt: skip
                 if i < end:
                     epoch += 1
-                    t0 = pg._cycles()
+                    t0 = pg.cycle_counter()
                     if not _barrier(flags, s, n_sh, epoch):
                         break
                     if timed:
-                        spans[1, s, i] += pg._cycles() - t0
+                        spans[1, s, i] += pg.cycle_counter() - t0
                     resume = True
         return _load_acquire(flags, n_sh * LINE) == 0
     i, resume, epoch = np.int64(0), n_sh < 0, np.int64(0)

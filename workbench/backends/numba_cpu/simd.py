@@ -26,24 +26,27 @@ from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q5_0_X4_VALUES, Q6_K_I8_BYTES
-
-I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-F32, HALF = ir.FloatType(), ir.HalfType()
-# float flags of the hand-built code: FMA contraction and no NaN/infinity/signed-zero care, but no
-# reassociation. numba links a kernel's compiled code into each caller as one shared definition per name,
-# and a copy re-optimized inside another caller could sum a row in another order, so a step's logits
-# depended on which copy numba's cache loaded first. With sums in the order written every copy gives the
-# same bits, and the hot loops keep their instructions (docs/backend-cpu.md#float-sums-in-the-order-written).
-FAST = ("nnan", "ninf", "nsz", "contract")
-PREFETCH_AHEAD = 1024  # bytes of the weight stream to prefetch ahead of the block being read
-
-
-def vt(t: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(t, n)
-
-
-def ptr(t: ir.Type) -> ir.PointerType:
-    return ir.PointerType(t)
+from .llvm_ir import (
+    F32,
+    FAST,
+    I8,
+    I16,
+    I32,
+    I64,
+    PREFETCH_AHEAD,
+    as_ptr,
+    concat,
+    const_vec,
+    emit_prefetch,
+    for_units,
+    hsum,
+    load_at,
+    load_half,
+    nibbles,
+    scale_vec,
+    splat,
+    vt,
+)
 
 
 @dataclass
@@ -60,89 +63,45 @@ class Decoded:
     xblock: ir.Value
 
 
-def _splat(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
-    vec = b.insert_element(ir.Constant(vt(v.type, n), None), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(vec, vec, ir.Constant(vt(I32, n), [0] * n))
-
-
-def _const_vec(t: ir.Type, vals) -> ir.Constant:
-    return ir.Constant(vt(t, len(vals)), list(vals))
-
-
-def _load(b: ir.IRBuilder, base: ir.Value, offset: int | ir.Value, t: ir.Type) -> ir.Value:
-    """Unaligned load of type ``t`` at byte ``offset`` from an i8* ``base``."""
-    off = ir.Constant(I64, offset) if isinstance(offset, int) else offset
-    p = b.bitcast(b.gep(base, [off]), ptr(t))
-    return b.load(p, align=1)
-
-
-def _f32x8(b: ir.IRBuilder, p: ir.Value, u: ir.Value) -> ir.Value:
-    """<8 x float> at ``p[u]`` (a float pointer: 8 blocks' activation scales or sums)."""
-    return b.load(b.bitcast(b.gep(p, [u]), ptr(vt(F32, 8))), align=4)
-
-
-def _half(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
-    """The fp16 at ``offset`` as a float, converted by ``vcvtph2ps`` from a register that ``vmovd`` fills
-    whole: a scalar half loaded with ``vpinsrw`` merges into a register and chains every block's scale to
-    the previous one (a false dependency that cost 3x on Q8_0), and converting by integer ops turns
-    subnormal halves (99.8% of the Q6_K scales of the default model) into denormal floats, whose
-    arithmetic is a slow microcode path (docs/backend-cpu.md#128-bit-kernels)."""
-    h = b.zext(_load(b, base, offset, I16), I32)
-    v = b.bitcast(b.insert_element(ir.Constant(vt(I32, 4), [0] * 4), h, ir.Constant(I32, 0)), vt(HALF, 8))
-    four = b.fpext(b.shuffle_vector(v, v, _const_vec(I32, range(4))), vt(F32, 4))
-    return b.extract_element(four, ir.Constant(I32, 0))
-
-
-def _nibbles(b: ir.IRBuilder, q: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """Low and high nibbles of a byte vector."""
-    n = q.type.count
-    return b.and_(q, _const_vec(I8, [15] * n)), b.lshr(q, _const_vec(I8, [4] * n))
-
-
-def _concat(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
-    n = lo.type.count
-    return b.shuffle_vector(lo, hi, _const_vec(I32, range(2 * n)))
-
-
 # -- decoders: (builder, unit base pointer, unit index) -> decoded 32-value blocks -----------------------
 def _q8_0(b, base, u):
-    d = _half(b, base, 0)
-    vals = b.sext(_load(b, base, 2, vt(I8, 32)), vt(I16, 32))
+    d = load_half(b, base, 0)
+    vals = b.sext(load_at(b, base, 2, vt(I8, 32)), vt(I16, 32))
     return [Decoded(vals, d, d, None, u)]
 
 
 def _q4_0(b, base, u):
-    d = _half(b, base, 0)
-    lo, hi = _nibbles(b, _load(b, base, 2, vt(I8, 16)))
-    vals = b.sub(b.zext(_concat(b, lo, hi), vt(I16, 32)), _const_vec(I16, [8] * 32))
+    d = load_half(b, base, 0)
+    lo, hi = nibbles(b, load_at(b, base, 2, vt(I8, 16)))
+    vals = b.sub(b.zext(concat(b, lo, hi), vt(I16, 32)), const_vec(I16, [8] * 32))
     return [Decoded(vals, d, d, None, u)]
 
 
 def _bits_to_bytes(b, qh32: ir.Value) -> ir.Value:
     """<32 x i1>: bit j of a 32-bit word (byte shuffle, mask, compare: cheaper than 32 variable shifts)."""
     bytes4 = b.bitcast(qh32, vt(I8, 4))
-    spread = b.shuffle_vector(bytes4, bytes4, _const_vec(I32, [j // 8 for j in range(32)]))
+    spread = b.shuffle_vector(bytes4, bytes4, const_vec(I32, [j // 8 for j in range(32)]))
     masked = b.and_(
-        spread, _const_vec(I8, [(1 << (j % 8)) - 256 if j % 8 == 7 else 1 << (j % 8) for j in range(32)])
+        spread, const_vec(I8, [(1 << (j % 8)) - 256 if j % 8 == 7 else 1 << (j % 8) for j in range(32)])
     )
-    return b.icmp_unsigned("!=", masked, _const_vec(I8, [0] * 32))
+    return b.icmp_unsigned("!=", masked, const_vec(I8, [0] * 32))
 
 
 def _five_bit_values(b, nib: ir.Value, qh32: ir.Value) -> ir.Value:
     """<32 x i16> Q5_0 values - 16 from their low nibbles (<32 x i8>) and their fifth bits (a 32-bit word)."""
-    offset = b.select(_bits_to_bytes(b, qh32), _const_vec(I8, [0] * 32), _const_vec(I8, [-16] * 32))
+    offset = b.select(_bits_to_bytes(b, qh32), const_vec(I8, [0] * 32), const_vec(I8, [-16] * 32))
     return b.sext(b.add(nib, offset), vt(I16, 32))
 
 
 def _q5_0(b, base, u):
-    d = _half(b, base, 0)
-    lo, hi = _nibbles(b, _load(b, base, 6, vt(I8, 16)))
-    return [Decoded(_five_bit_values(b, _concat(b, lo, hi), _load(b, base, 2, I32)), d, d, None, u)]
+    d = load_half(b, base, 0)
+    lo, hi = nibbles(b, load_at(b, base, 6, vt(I8, 16)))
+    return [Decoded(_five_bit_values(b, concat(b, lo, hi), load_at(b, base, 2, I32)), d, d, None, u)]
 
 
 def _k_scales(b, base) -> tuple[list[ir.Value], list[ir.Value]]:
     """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4..15), as floats."""
-    s = [b.zext(_load(b, base, 4 + i, I8), I32) for i in range(12)]
+    s = [b.zext(load_at(b, base, 4 + i, I8), I32) for i in range(12)]
     c63, c15, c6, c4 = (ir.Constant(I32, v) for v in (63, 15, 6, 4))
     sc, mn = [], []
     for j in range(8):
@@ -156,19 +115,19 @@ def _k_scales(b, base) -> tuple[list[ir.Value], list[ir.Value]]:
 
 
 def _kquant(b, base, u, with_high_bits: bool):
-    d, dmin = _half(b, base, 0), _half(b, base, 2)
+    d, dmin = load_half(b, base, 0), load_half(b, base, 2)
     sc, mn = _k_scales(b, base)
     qs_off = 48 if with_high_bits else 16
-    qh = _load(b, base, 16, vt(I8, 32)) if with_high_bits else None
+    qh = load_at(b, base, 16, vt(I8, 32)) if with_high_bits else None
     out = []
     for c in range(4):
-        lo, hi = _nibbles(b, _load(b, base, qs_off + 32 * c, vt(I8, 32)))
+        lo, hi = nibbles(b, load_at(b, base, qs_off + 32 * c, vt(I8, 32)))
         for k, nib in ((0, lo), (1, hi)):
             j = 2 * c + k
             v = b.zext(nib, vt(I16, 32))
             if qh is not None:
-                bit = b.and_(b.lshr(qh, _const_vec(I8, [j] * 32)), _const_vec(I8, [1] * 32))
-                v = b.or_(v, b.shl(b.zext(bit, vt(I16, 32)), _const_vec(I16, [4] * 32)))
+                bit = b.and_(b.lshr(qh, const_vec(I8, [j] * 32)), const_vec(I8, [1] * 32))
+                v = b.or_(v, b.shl(b.zext(bit, vt(I16, 32)), const_vec(I16, [4] * 32)))
             scale = b.fmul(d, sc[j], flags=FAST)
             xb = b.add(b.mul(u, ir.Constant(I64, 8)), ir.Constant(I64, j))
             out.append(Decoded(v, scale, scale, b.fmul(dmin, mn[j], flags=FAST), xb))
@@ -184,20 +143,20 @@ def _q5_k(b, base, u):
 
 
 def _q6_k(b, base, u):
-    d = _half(b, base, 208)
+    d = load_half(b, base, 208)
     out = []
     for h in range(2):
-        ql = [_load(b, base, 64 * h + 32 * i, vt(I8, 32)) for i in range(2)]
-        qh = _load(b, base, 128 + 32 * h, vt(I8, 32))
+        ql = [load_at(b, base, 64 * h + 32 * i, vt(I8, 32)) for i in range(2)]
+        qh = load_at(b, base, 128 + 32 * h, vt(I8, 32))
         for k in range(4):
             src = ql[k % 2]
-            nib = b.and_(src, _const_vec(I8, [15] * 32)) if k < 2 else b.lshr(src, _const_vec(I8, [4] * 32))
-            high = b.and_(b.lshr(qh, _const_vec(I8, [2 * k] * 32)), _const_vec(I8, [3] * 32))
-            q = b.or_(nib, b.shl(high, _const_vec(I8, [4] * 32)))
-            vals = b.sub(b.zext(q, vt(I16, 32)), _const_vec(I16, [32] * 32))
+            nib = b.and_(src, const_vec(I8, [15] * 32)) if k < 2 else b.lshr(src, const_vec(I8, [4] * 32))
+            high = b.and_(b.lshr(qh, const_vec(I8, [2 * k] * 32)), const_vec(I8, [3] * 32))
+            q = b.or_(nib, b.shl(high, const_vec(I8, [4] * 32)))
+            vals = b.sub(b.zext(q, vt(I16, 32)), const_vec(I16, [32] * 32))
             s_idx = 8 * h + 2 * k
-            s_lo = b.fmul(d, b.sitofp(_load(b, base, 192 + s_idx, I8), F32), flags=FAST)
-            s_hi = b.fmul(d, b.sitofp(_load(b, base, 192 + s_idx + 1, I8), F32), flags=FAST)
+            s_lo = b.fmul(d, b.sitofp(load_at(b, base, 192 + s_idx, I8), F32), flags=FAST)
+            s_hi = b.fmul(d, b.sitofp(load_at(b, base, 192 + s_idx + 1, I8), F32), flags=FAST)
             xb = b.add(b.mul(u, ir.Constant(I64, 8)), ir.Constant(I64, 4 * h + k))
             out.append(Decoded(vals, s_lo, s_hi, None, xb))
     return out
@@ -205,12 +164,12 @@ def _q6_k(b, base, u):
 
 def _q6_k_i8(b, base, u):
     """Q6_K_I8 (:mod:`workbench.quant.repack`): d at 0, 16 int8 scales at 2, int8 codes at 18."""
-    d = _half(b, base, 0)
+    d = load_half(b, base, 0)
     out = []
     for g in range(8):
-        vals = b.sext(_load(b, base, 18 + 32 * g, vt(I8, 32)), vt(I16, 32))
+        vals = b.sext(load_at(b, base, 18 + 32 * g, vt(I8, 32)), vt(I16, 32))
         s_lo, s_hi = (
-            b.fmul(d, b.sitofp(_load(b, base, 2 + 2 * g + k, I8), F32), flags=FAST) for k in range(2)
+            b.fmul(d, b.sitofp(load_at(b, base, 2 + 2 * g + k, I8), F32), flags=FAST) for k in range(2)
         )
         xb = b.add(b.mul(u, ir.Constant(I64, 8)), ir.Constant(I64, g))
         out.append(Decoded(vals, s_lo, s_hi, None, xb))
@@ -222,9 +181,9 @@ def _q5_0_x4(b, base, u):
     nibble pairs at 24 (block 2p in the low nibbles of pair p, block 2p + 1 in the high ones)."""
     out = []
     for g in range(4):
-        d = _half(b, base, 2 * g)
-        lo, hi = _nibbles(b, _load(b, base, 24 + 32 * (g // 2), vt(I8, 32)))
-        vals = _five_bit_values(b, hi if g % 2 else lo, _load(b, base, 8 + 4 * g, I32))
+        d = load_half(b, base, 2 * g)
+        lo, hi = nibbles(b, load_at(b, base, 24 + 32 * (g // 2), vt(I8, 32)))
+        vals = _five_bit_values(b, hi if g % 2 else lo, load_at(b, base, 8 + 4 * g, I32))
         out.append(Decoded(vals, d, d, None, b.add(b.mul(u, ir.Constant(I64, 4)), ir.Constant(I64, g))))
     return out
 
@@ -264,74 +223,6 @@ def format_code(fmt: int) -> FormatCode:
     return DECODERS[fmt] if fmt in DECODERS else REPACKED[fmt]
 
 
-# -- helpers for the consumers -------------------------------------------------------------------------
-def _scale_vec(b, lo, hi, n: int) -> ir.Value:
-    """n lanes: the first half ``lo``, the second ``hi`` (the same value for most formats)."""
-    if lo is hi:
-        return _splat(b, lo, n)
-    return b.shuffle_vector(
-        _splat(b, lo, n), _splat(b, hi, n), _const_vec(I32, [*range(n // 2), *range(n + n // 2, 2 * n)])
-    )
-
-
-def _hsum(b, v: ir.Value) -> ir.Value:
-    n = v.type.count
-    while n > 1:
-        half = n // 2
-        lo = b.shuffle_vector(v, v, _const_vec(I32, range(half)))
-        hi = b.shuffle_vector(v, v, _const_vec(I32, range(half, n)))
-        v = b.fadd(lo, hi, flags=FAST)
-        n = half
-    return b.extract_element(v, ir.Constant(I32, 0))
-
-
-def _pmaddwd(b, a: ir.Value, x: ir.Value) -> ir.Value:
-    """Pairwise sums of products of two <32 x i16>: <16 x i32> (lowered to vpmaddwd)."""
-    m = b.mul(b.sext(a, vt(I32, 32)), b.sext(x, vt(I32, 32)), flags=("nsw",))
-    even = b.shuffle_vector(m, m, _const_vec(I32, range(0, 32, 2)))
-    odd = b.shuffle_vector(m, m, _const_vec(I32, range(1, 32, 2)))
-    return b.add(even, odd, flags=("nsw",))
-
-
-# locality hint of the weight streams' prefetches: 0 (prefetchnta), each line read once per token; keeping
-# the lines in every level (3, prefetcht0) cost bandwidth (figures: docs/backend-cpu.md#prefetching)
-WEIGHT_LOCALITY = 0
-
-
-def _prefetch(b, base: ir.Value, offset: int, locality: int = WEIGHT_LOCALITY) -> None:
-    """Prefetch the line at ``base + offset`` with LLVM's ``locality`` hint (0: non-temporal .. 3: all levels)."""
-    mod = b.module
-    name = "llvm.prefetch.p0"
-    fn = mod.globals.get(name) or ir.Function(
-        mod, ir.FunctionType(ir.VoidType(), [ptr(I8), I32, I32, I32]), name
-    )
-    b.call(
-        fn,
-        [
-            b.gep(base, [ir.Constant(I64, offset)]),
-            ir.Constant(I32, 0),
-            ir.Constant(I32, locality),
-            ir.Constant(I32, 1),
-        ],
-    )
-
-
-def _as_ptr(b, addr: ir.Value, t: ir.Type) -> ir.Value:
-    return b.inttoptr(addr, ptr(t))
-
-
-def _for_units(b, n_units, body, unroll: int = 2) -> None:
-    """Call ``body(u, slot)`` for every unit ``u``; consecutive units use different accumulator slots
-    (``unroll`` independent chains hide the latency of the accumulating FMAs)."""
-    n_groups = b.udiv(n_units, ir.Constant(I64, unroll))
-    with cgutils.for_range(b, n_groups) as loop:
-        for k in range(unroll):
-            body(b.add(b.mul(loop.index, ir.Constant(I64, unroll)), ir.Constant(I64, k)), k)
-    rest_start = b.mul(n_groups, ir.Constant(I64, unroll))
-    with cgutils.for_range_slice(b, rest_start, n_units, ir.Constant(I64, 1)) as (u, _):
-        body(u, 0)
-
-
 # -- intrinsic factories -------------------------------------------------------------------------------
 def make_dot_f32(qtype: int):
     """``dot(w_addr, x_addr, xs_addr, n_units) -> float32``: exact float activations ``x`` (xs: block sums)."""
@@ -343,27 +234,27 @@ def make_dot_f32(qtype: int):
 
         def codegen(context, b, signature, args):
             w_a, x_a, xs_a, n_u = args
-            wp = _as_ptr(b, w_a, I8)
-            xp, xsp = _as_ptr(b, x_a, vt(F32, 32)), _as_ptr(b, xs_a, F32)
+            wp = as_ptr(b, w_a, I8)
+            xp, xsp = as_ptr(b, x_a, vt(F32, 32)), as_ptr(b, xs_a, F32)
             accv = [cgutils.alloca_once_value(b, ir.Constant(vt(F32, 32), [0.0] * 32)) for _ in range(2)]
             accs = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
 
             def body(u, slot):
                 base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
-                _prefetch(b, base, PREFETCH_AHEAD)
+                emit_prefetch(b, base, PREFETCH_AHEAD)
                 for j, blk in enumerate(code.decode(b, base, u)):
                     acc = accv[(slot + j) % 2]
                     x = b.load(b.gep(xp, [blk.xblock]), align=4)
                     prod = b.fmul(b.sitofp(blk.values, vt(F32, 32)), x, flags=FAST)
-                    sv = _scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
+                    sv = scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
                     b.store(b.fadd(b.load(acc), b.fmul(prod, sv, flags=FAST), flags=FAST), acc)
                     if blk.min is not None:
                         xs = b.load(b.gep(xsp, [blk.xblock]))
                         b.store(b.fsub(b.load(accs), b.fmul(blk.min, xs, flags=FAST), flags=FAST), accs)
 
-            _for_units(b, n_u, body)
+            for_units(b, n_u, body)
             total = b.fadd(b.load(accv[0]), b.load(accv[1]), flags=FAST)
-            return b.fadd(_hsum(b, total), b.load(accs), flags=FAST)
+            return b.fadd(hsum(b, total), b.load(accs), flags=FAST)
 
         return sig, codegen
 
@@ -380,19 +271,19 @@ def make_dequant(qtype: int):
 
         def codegen(context, b, signature, args):
             w_a, o_a, n_u = args
-            wp, op = _as_ptr(b, w_a, I8), _as_ptr(b, o_a, vt(F32, 32))
+            wp, op = as_ptr(b, w_a, I8), as_ptr(b, o_a, vt(F32, 32))
 
             def body(u, slot):
                 base = b.gep(wp, [b.mul(u, ir.Constant(I64, code.unit_bytes))])
                 for blk in code.decode(b, base, u):
                     v = b.fmul(
-                        b.sitofp(blk.values, vt(F32, 32)), _scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
+                        b.sitofp(blk.values, vt(F32, 32)), scale_vec(b, blk.scale_lo, blk.scale_hi, 32)
                     )
                     if blk.min is not None:
-                        v = b.fsub(v, _splat(b, blk.min, 32))
+                        v = b.fsub(v, splat(b, blk.min, 32))
                     b.store(v, b.gep(op, [blk.xblock]), align=4)
 
-            _for_units(b, n_u, body)
+            for_units(b, n_u, body)
             return context.get_dummy_value()
 
         return sig, codegen
