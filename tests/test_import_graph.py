@@ -18,17 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (importer, imported) edges left in place for now, each with the reason: the goal is none. An entry that
 # no longer matches an import fails test_allowed_edges_still_exist, so the list only shrinks.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("workbench.backends.numba_cpu.qformats", "workbench.backends.numba_cpu"): (
-        "CpuWeight lives in the package __init__ (being reworked elsewhere): move it to its own module"
-    ),
-    ("workbench.backends.numba_cpu.sparse", "workbench.backends.numba_cpu"): (
-        "CpuWeight lives in the package __init__ (being reworked elsewhere): move it to its own module"
-    ),
-    ("workbench.backends.numba_cpu.sparse_attention", "workbench.backends.numba_cpu"): (
-        "attend() lives in the package __init__ (being reworked elsewhere): move it to its own module"
-    ),
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_files(root: Path, package: str) -> dict[str, Path]:

@@ -14,7 +14,6 @@ import itertools
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,8 +50,10 @@ from . import program as pg
 from . import qformats as qf
 from . import shards as sh
 from . import sparse as sp
+from .attend_blas import attend  # noqa: F401 (re-exported: tests import it from the package)
 from .compile_progress import CompileProgress
-from .simd import Q4_K_R16, Q5_0_R16, Q6_K_I8, Q8_0_R16, format_code
+from .simd import Q4_K_R16, Q5_0_R16, Q6_K_I8, Q8_0_R16
+from .weights import CpuWeight
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
 # the GGUF types whose rows the backend interleaves 16 at a time (interleave_rows): layout, repacking
@@ -62,38 +63,6 @@ _TO_R16 = {
     GGMLType.Q4_K: (Q4_K_R16, q4_k_to_r16),
 }
 Env = dict[str, np.ndarray]
-
-
-@dataclass
-class CpuWeight:
-    """A weight as the cpu kernels read it: GGUF blocks (``fmt`` = type id), a layout they were repacked
-    into at load (``fmt`` = its id in ``simd.REPACKED``, ``type`` the GGUF type) or float32 (``fmt`` = -1)."""
-
-    name: str
-    type: GGMLType
-    fmt: int
-    data: np.ndarray
-    n_units: int
-
-    @property
-    def rows(self) -> int:
-        return self.data.shape[0]
-
-    @property
-    def cols(self) -> int:
-        return self.n_units * format_code(self.fmt).unit_values if self.fmt >= 0 else self.data.shape[1]
-
-    def dequantize_into(self, row0: int, out: np.ndarray) -> None:
-        """Float32 values of rows ``row0 ...`` into ``out`` (quantized formats only)."""
-        mv.dequantize_rows(self.fmt, self.data, self.n_units, row0, out)
-
-    def gather(self, rows: np.ndarray) -> np.ndarray:
-        """Float32 values of the given rows (embedding lookup)."""
-        if self.fmt < 0:
-            return self.data[rows]
-        out = np.empty((len(rows), self.cols), np.float32)
-        mv.dequantize_gather(self.fmt, self.data, self.n_units, rows.astype(np.int64), out)
-        return out
 
 
 _EMPTY_W = np.zeros((0, 1), np.uint8)
@@ -637,29 +606,6 @@ def _attention(b: CpuBackend, op: Op, env: Env, step: Step) -> None:
             keys, vals, kpos = layer.append(pos[sl], key[sl], v[sl])
             k.attend_rows(q[sl], keys, vals, kpos, pos[sl].astype(np.int64), a["n_heads"], a["head_dim"],
                           a["scale"], a.get("window", 0), out[sl])  # fmt: skip
-
-
-def attend(
-    q: np.ndarray, keys: np.ndarray, vals: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, a
-) -> np.ndarray:
-    """Causal (sliding-window) GQA attention with 2-D BLAS products per KV head; ``kpos`` -1 = empty slot."""
-    hd, nkv, window = a["head_dim"], a["n_kv_heads"], a.get("window", 0)
-    t, group = q.shape[0], a["n_heads"] // nkv
-    seen = (kpos[None, :] >= 0) & (kpos[None, :] <= qpos[:, None])
-    if window:
-        seen &= kpos[None, :] > qpos[:, None] - window
-    penalty = np.where(seen, np.float32(0.0), np.float32(-np.inf))[:, None, :]
-    out = np.empty((t, nkv, group, hd), np.float32)
-    qh = q.reshape(t, nkv, group, hd)
-    for kh in range(nkv):
-        cols = slice(kh * hd, (kh + 1) * hd)
-        scores = (qh[:, kh].reshape(t * group, hd) @ keys[:, cols].T).reshape(t, group, -1)
-        scores = scores * np.float32(a["scale"]) + penalty
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores, out=scores)
-        p /= p.sum(axis=-1, keepdims=True)
-        out[:, kh] = (p.reshape(t * group, -1) @ vals[:, cols]).reshape(t, group, hd)
-    return out.reshape(t, -1)
 
 
 def _gelu_mul(b: CpuBackend, op: Op, env: Env, step: Step) -> None:

@@ -23,6 +23,7 @@ from ...quant.formats import GGMLType
 from ...quant.planar import PlanarFormat, PlanarTensor, fake_quant_rows_int8
 from .nm import KIND_CODE, PAIR_COMBOS, VALUE_VIEW, matvec_2_4, matvec_nm, pair_codes, pair_table
 from .qsimd import make_dot_int4
+from .weights import CpuWeight
 
 if TYPE_CHECKING:
     from . import CpuBackend
@@ -257,8 +258,6 @@ def cpu_weight(tensor: PlanarTensor):
     if tensor.type.nm:
         return NMWeight(tensor)
     if tensor.type.kind == "fp32":
-        from . import CpuWeight
-
         return CpuWeight(tensor.name, GGMLType.F32, -1, np.ascontiguousarray(tensor.planes["q"]), 0)
     return PlanarWeight(tensor)
 

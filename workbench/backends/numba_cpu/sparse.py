@@ -29,9 +29,10 @@ from . import sparse_down as sd
 from .addr import prefetch
 from .qformats import PlanarWeight
 from .sparse_attention import HANDLERS as ATTENTION_HANDLERS
+from .weights import CpuWeight
 
 if TYPE_CHECKING:
-    from . import CpuBackend, CpuWeight
+    from . import CpuBackend
 
 njit, prange = numba.njit, numba.prange
 GELU_C = np.float32(np.sqrt(2.0 / np.pi))
@@ -182,8 +183,6 @@ def _up_gathered(b: CpuBackend, w, x: np.ndarray, idx: np.ndarray) -> np.ndarray
             t.name + "[kept]", t.type, (len(idx), t.cols), {n: v[idx] for n, v in t.planes.items()}
         )
         return b.project_weights(x, [PlanarWeight(sub)])[0][0]
-    from . import CpuWeight
-
     return b.project_weights(x, [CpuWeight(w.name + "[kept]", w.type, w.fmt, w.data[idx], w.n_units)])[0][0]
 
 

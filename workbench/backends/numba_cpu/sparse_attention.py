@@ -18,6 +18,7 @@ from ...ops.graph import Op
 from ...sparsity.attention import KIND, block_kept
 from ..base import Step
 from . import kernels as k
+from .attend_blas import attend
 
 if TYPE_CHECKING:
     from . import CpuBackend
@@ -57,8 +58,6 @@ def attend_blocks(
     q: np.ndarray, keys: np.ndarray, vals: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, a
 ) -> np.ndarray:
     """Many queries: per query block, the dense BLAS attention over that block's kept keys only."""
-    from . import attend
-
     size = a["blocks"][0]
     window = a.get("window", 0)
     out = np.empty_like(q)
