@@ -27,24 +27,13 @@ from ...models.model import Model
 from ...ops import reference as ref
 from ...ops.fusion import RULES, fuse
 from ...ops.graph import Graph, Op
-from ...quant.formats import GGMLType
-from ...quant.planar import PlanarTensor
-from ...quant.repack import (
-    Q5_0_X4_VALUES,
-    ROW_GROUP,
-    q4_k_to_r16,
-    q5_0_to_q8_0,
-    q5_0_to_r16,
-    q5_0_to_x4,
-    q6_k_to_i8,
-    q8_0_to_r16,
-)
 from ...runtime.kv_cache import KVCache
-from ..base import Backend, DeviceInfo, OpObserver, Step, UnsupportedOpError
+from ..base import Backend, DeviceInfo, OpObserver, Step
 from . import batched, dispatch
 from . import gemma3n as g3
 from . import interleaved as il
 from . import kernels as k
+from . import layouts as ly
 from . import matvec as mv
 from . import program as pg
 from . import qformats as qf
@@ -52,16 +41,9 @@ from . import shards as sh
 from . import sparse as sp
 from .attend_blas import attend  # noqa: F401 (re-exported: tests import it from the package)
 from .compile_progress import CompileProgress
-from .simd import Q4_K_R16, Q5_0_R16, Q6_K_I8, Q8_0_R16
 from .weights import CpuWeight
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
-# the GGUF types whose rows the backend interleaves 16 at a time (interleave_rows): layout, repacking
-_TO_R16 = {
-    GGMLType.Q8_0: (Q8_0_R16, q8_0_to_r16),
-    GGMLType.Q5_0: (Q5_0_R16, q5_0_to_r16),
-    GGMLType.Q4_K: (Q4_K_R16, q4_k_to_r16),
-}
 Env = dict[str, np.ndarray]
 
 
@@ -137,32 +119,14 @@ class CpuBackend(Backend):
         # docs/backend-cpu.md#batched-kernels).
         self.batch_rows = self.tunable("batch_rows", batch_rows)
         self.batch_min_rows = self.tunable("batch_min_rows", batch_min_rows)
-        # Q5_0 weights converted at load to Q8_0 blocks of the same values (workbench.quant.repack): 55% more
-        # bytes, but on AVX2 hosts a Q8_0 block computes in ~2/3 of a Q5_0 block's time (its fifth bits
-        # cost a third of the work), and decode's Q5_0 projections are compute-bound. Default: on, except
-        # with the 512-bit kernels (dot_int16_512bit.py), whose Q5_0 rows ran as fast as the repacked ones for less to
-        # read and hold (figures: docs/backend-cpu.md#512-bit-kernels)
-        if q5_0_as_q8_0 is None:
-            q5_0_as_q8_0 = not mv.WIDE
-        self.q5_0_as_q8_0 = self.tunable("q5_0_as_q8_0", q5_0_as_q8_0)
-        # Q5_0 weights regrouped at load four blocks at a time (Q5_0_X4, workbench.quant.repack; rows of a
-        # multiple of 128 values), same bytes, so that the 512-bit kernels read whole blocks in value order
-        # (figures: docs/backend-cpu.md#512-bit-kernels). Default: with the 512-bit kernels (q5_0_as_q8_0,
-        # when on, is applied first)
-        if q5_0_as_x4 is None:
-            q5_0_as_x4 = mv.WIDE
-        self.q5_0_as_x4 = self.tunable("q5_0_as_x4", q5_0_as_x4)
-        # Q6_K weights repacked at load with their codes as int8 (Q6_K_I8): 30% more bytes, the bit planes
-        # no longer rebuilt per token (figures: docs/backend-cpu.md#128-bit-kernels)
-        self.q6_k_as_i8 = self.tunable("q6_k_as_i8", q6_k_as_i8)
-        # Q8_0, Q5_0 and Q4_K weights (of a multiple of 16 rows) with 16 rows interleaved at load (Q8_0_R16,
-        # Q5_0_R16, Q4_K_R16: dot_int16_interleaved.py), as many bytes, one vpdpwssd per pair of values of 16 rows
-        # (figures: docs/backend-cpu.md#rows-interleaved-16-at-a-time). Default: on AVX512-VNNI hosts with
-        # int16 activations (the int8 and float paths have no interleaved kernels and would read such rows
-        # back one by one); never for the weights of sparse ops, which read single rows
-        if interleave_rows is None:
-            interleave_rows = act_quant == "int16" and mv.VNNI
-        self.interleave_rows = self.tunable("interleave_rows", interleave_rows)
+        # the layouts weights are repacked into at load (layouts.py: each one's default and why): tunable -> on
+        host = ly.Host(wide=mv.WIDE, vnni=mv.VNNI, act_quant=act_quant)
+        given = {"q5_0_as_q8_0": q5_0_as_q8_0, "q5_0_as_x4": q5_0_as_x4, "q6_k_as_i8": q6_k_as_i8,
+                 "interleave_rows": interleave_rows}  # fmt: skip
+        self.layouts = {
+            name: self.tunable(name, default if given.get(name) is None else given[name])
+            for name, default in ly.layout_defaults(host).items()
+        }
         # Single-token decode steps split across threads by heads and hidden units (shards.py): two exchanges
         # between the threads a layer instead of ~5. Results depend on the number of shards, not of threads
         # (fewer threads run the shards in turn); 1: the row-parallel program of program.py. Default: 2 up to
@@ -243,35 +207,7 @@ class CpuBackend(Backend):
         """The weight ``name`` (or the tensor ``qt`` under that name) in the layout the kernels read
         (``interleave``: may it interleave rows; ``stored``: keep the stored blocks, no repacking)."""
         qt = self.model.weights[name] if qt is None else qt
-        if stored and qt.type in mv.QUANT_TYPES:
-            return CpuWeight(name, qt.type, int(qt.type), qt.raw, mv.units(qt.type, qt.cols))
-        if isinstance(qt, PlanarTensor):  # re-quantized (workbench.quant.planar): native planar kernels
-            return qf.cpu_weight(qt)
-        if self.interleave_rows and interleave and qt.type in _TO_R16 and qt.rows % ROW_GROUP == 0:
-            fmt, repack = _TO_R16[qt.type]
-            return CpuWeight(name, qt.type, fmt, repack(qt.raw), mv.units(qt.type, qt.cols))
-        if qt.type == GGMLType.Q5_0 and self.q5_0_as_q8_0:
-            return CpuWeight(
-                name,
-                GGMLType.Q8_0,
-                int(GGMLType.Q8_0),
-                q5_0_to_q8_0(qt.raw),
-                mv.units(GGMLType.Q8_0, qt.cols),
-            )
-        if qt.type == GGMLType.Q5_0 and self.q5_0_as_x4 and qt.cols % Q5_0_X4_VALUES == 0:
-            return CpuWeight(name, qt.type, mv.Q5_0_X4, q5_0_to_x4(qt.raw), qt.cols // Q5_0_X4_VALUES)
-        if qt.type == GGMLType.Q6_K and self.q6_k_as_i8:
-            return CpuWeight(name, qt.type, Q6_K_I8, q6_k_to_i8(qt.raw), mv.units(qt.type, qt.cols))
-        if qt.type in mv.QUANT_TYPES:
-            return CpuWeight(name, qt.type, int(qt.type), qt.raw, mv.units(qt.type, qt.cols))
-        if qt.type in mv.FLOAT_TYPES:
-            data = np.ascontiguousarray(qt.dequantize().reshape(qt.rows, qt.cols), dtype=np.float32)
-            return CpuWeight(name, qt.type, -1, data, 0)
-        supported = ", ".join(sorted(t.name for t in mv.QUANT_TYPES | mv.FLOAT_TYPES))
-        raise UnsupportedOpError(
-            f"cpu backend: tensor {name!r} is stored as {qt.type.name}, which has no cpu kernel "
-            f"(supported: {supported}); convert the model or use --backend numpy"
-        )
+        return ly.native_weight(name, qt, self.layouts, interleave, stored)
 
     def _warm_up(self) -> dict[str, Any]:
         """Compile (or load from numba's cache) every kernel the model needs, outside the token loop."""
@@ -297,14 +233,14 @@ class CpuBackend(Backend):
                 "fused": self.fused,
                 "rows_per_task": self.rows_per_task,
                 "batch_rows": [self.batch_min_rows, self.batch_rows],
-                "q5_0_as_q8_0": self.q5_0_as_q8_0,
-                "q5_0_as_x4": self.q5_0_as_x4,
-                "q6_k_as_i8": self.q6_k_as_i8,
-                "interleave_rows": self.interleave_rows,
+                "q5_0_as_q8_0": self.layouts["q5_0_as_q8_0"],
+                "q5_0_as_x4": self.layouts["q5_0_as_x4"],
+                "q6_k_as_i8": self.layouts["q6_k_as_i8"],
+                "interleave_rows": self.layouts["interleave_rows"],
                 "decode_shards": self._shards_label(),
                 "decode_program": self._program_label(),
                 "sparse_skip": self.sparse_skip,
-                "decode_kernels": _decode_kernels(self.vnni, self.interleave_rows),
+                "decode_kernels": _decode_kernels(self.vnni, self.layouts["interleave_rows"]),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,
                 "threading_layer": _threading_layer(),
