@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from workbench.eval.metrics import log_softmax
 from workbench.ops import reference_gemma3n
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -50,11 +51,6 @@ def server():
         pytest.skip(f"llama.cpp's llama-server is not available: {e}")
     yield runner
     runner.close()
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64) - x.max()
-    return x - np.log(np.exp(x).sum())
 
 
 def test_layout_is_the_one_llama_cpp_assumes(model):
@@ -112,8 +108,8 @@ def test_llama_cpp_differs_from_transformers_by_its_sample_std(server, model, re
     for pos in sorted(int(k) for k in p["prefill"]):
         theirs = _llama_logprobs(server, model, ids[: pos + 1])
         assert not np.isnan(theirs).any()
-        to_sample = float(np.abs(theirs - _log_softmax(sample[pos])).max())
-        to_population = float(np.abs(theirs - _log_softmax(population[pos])).max())
+        to_sample = float(np.abs(theirs - log_softmax(sample[pos])).max())
+        to_population = float(np.abs(theirs - log_softmax(population[pos])).max())
         compared.append((pos, round(to_sample, 4), round(to_population, 4)))
     assert all(s < LLAMA_SAME_STD for _, s, _ in compared), compared
     assert max(t for _, _, t in compared) > 3 * max(s for _, s, _ in compared), compared

@@ -184,18 +184,22 @@ class LlamaServerRunner:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=60) as r:
             return json.loads(r.read())
 
-    def _complete(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+    def _post_completion(self, body: dict[str, Any], read):
+        """``read(response)`` of a POST of ``body`` to ``/completion``; a failure raised with the server's log."""
         req = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/completion",
-            data=json.dumps({**body, "stream": True}).encode(),
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                events = read_events(r)
+                return read(r)
         except (urllib.error.URLError, OSError) as e:
             detail = e.read().decode(errors="replace") if isinstance(e, urllib.error.HTTPError) else str(e)
             raise RuntimeError(f"llama-server /completion failed: {detail}\n{self.log_tail()}") from None
+
+    def _complete(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._post_completion({**body, "stream": True}, read_events)
         errors = [e["error"] for e in events if "error" in e]
         if errors or not events or "timings" not in events[-1]:
             raise RuntimeError(f"llama-server /completion: {errors or 'no timings in the reply'}")
@@ -206,20 +210,9 @@ class LlamaServerRunner:
         logits (NaN where it gives none). The token generated is forced to ``emit`` by a logit bias, which the
         figures are taken before: a token whose piece is not whole UTF-8 text (a byte token) would make the
         server withhold them or fail the request, so ``emit`` should be a plain-text token."""
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/completion",
-            data=json.dumps(
-                {"prompt": ids, "n_predict": 1, "n_probs": n_vocab, "cache_prompt": False,
-                 "logit_bias": [[emit, 1000.0]], **GREEDY}
-            ).encode(),
-            headers={"Content-Type": "application/json"},
-        )  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                reply = json.loads(r.read())
-        except (urllib.error.URLError, OSError) as e:
-            detail = e.read().decode(errors="replace") if isinstance(e, urllib.error.HTTPError) else str(e)
-            raise RuntimeError(f"llama-server /completion failed: {detail}\n{self.log_tail()}") from None
+        body = {"prompt": ids, "n_predict": 1, "n_probs": n_vocab, "cache_prompt": False,
+                "logit_bias": [[emit, 1000.0]], **GREEDY}  # fmt: skip
+        reply = self._post_completion(body, lambda r: json.loads(r.read()))
         tops = (reply.get("completion_probabilities") or [{}])[0].get("top_logprobs")
         if not tops:
             raise RuntimeError(f"llama-server returned no log-probabilities: {str(reply)[:500]}")

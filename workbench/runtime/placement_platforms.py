@@ -14,8 +14,8 @@ from ..instrument.devices import DeviceProfile, get_profile
 BW_EFFICIENCY = 0.85
 FLOP_EFFICIENCY = 0.5
 DISPATCH_S = 5e-6
-# transfers: zero-copy on unified memory costs a cache flush at memory bandwidth plus a queue sync;
-# separate memory copies over PCIe 4.0 x16 (~25 GB/s achieved) with ~10 us latency
+# transfers (assumed, see docs/architecture.md#projections): zero-copy on unified memory costs a cache flush
+# at memory bandwidth plus a queue sync; devices with separate memory copy over PCIe at PCIE_BW per copy
 SYNC_S = 10e-6
 PCIE_BW, PCIE_LATENCY_S = 25e9, 10e-6
 # bytes per cached K or V value when the cache moves between devices (fp16/bf16 caches)
