@@ -7,6 +7,7 @@ same process tree; the child reports its timings and its own peak RSS.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,9 @@ class LlamaCppRunner:
         line = self.proc.stdout.readline()
         if not line:
             err = self.proc.stderr.read()
-            raise LlamaCppUnavailable(f"llama.cpp worker exited: {err.strip()[-2000:]}")
+            code = self.proc.wait()
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            raise LlamaCppUnavailable(f"llama.cpp worker exited ({how}): {err.strip()[-2000:]}")
         return json.loads(line)
 
     def _call(self, req: dict) -> dict:
