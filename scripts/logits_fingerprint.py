@@ -44,7 +44,6 @@ def fingerprint(model_name: str, backend: str, tune: str | None) -> dict:
         "model": model_name,
         "backend": backend,
         "tune": tune,
-        "device": engine.describe().get("device") if hasattr(engine, "describe") else None,
         "prompt_tokens": len(ids),
         "prefill_sha": sha(prefill),
         "steps_sha": [sha(s) for s in steps],
