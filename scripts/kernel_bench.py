@@ -37,7 +37,7 @@ from workbench._numba import numba
 from workbench.backends.numba_cpu import ACT_QUANT, CpuBackend
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu.simd import Q6_K_I8
-from workbench.backends.numba_cpu import program as pg
+from workbench.backends.numba_cpu import instructions as ins
 from workbench.backends.numba_cpu.simd import INTERLEAVED
 from workbench.instrument.devices import stream_read_gbs
 
@@ -118,13 +118,11 @@ def time_group(ws: list, act: str, repeats: int, rpt: int, vnni: bool) -> tuple[
 
 def step_tables(b: CpuBackend, model) -> list[tuple[np.ndarray, int, int]]:
     """The projections of the lowered one-token program, in its order: (weight table, weights, input width)."""
-    prog = pg.lower(b, b.prepare_graph(model.graph(1, 1)))
+    prog = ins.lower(b, b.prepare_graph(model.graph(1, 1)))
     if prog is None:
         raise SystemExit("--step: this model's decode graph does not lower to a program")
-    kinds = (pg.NORM_MATMUL, pg.NORM_MATMUL_GELU, pg.MATMUL_NORM_ADD)
-    return [
-        (wt, int(c[pg.C_NW]), int(c[pg.C_K])) for c, wt in zip(prog.code, prog.wts) if c[pg.C_OP] in kinds
-    ]
+    kinds = (ins.NORM_MATMUL, ins.NORM_MATMUL_GELU, ins.MATMUL_NORM_ADD)
+    return [(wt, int(c["n_w"]), int(c["k"])) for c, wt in zip(prog.code, prog.wts[0]) if c["op"] in kinds]
 
 
 def _bytes(wt: np.ndarray, nw: int, by_addr: dict, model=None) -> int:
@@ -149,10 +147,7 @@ def time_step(tables: list, act: str, repeats: int, rpt: int, vnni: bool, by_add
     def run(part: list) -> None:
         for (wt, nw, k), o in part:
             x, xq, xd, xsum = prepared[k]
-            if levels:
-                mv.matvec_table_i16(wt, nw, o, xq, xd, xsum, rpt, mv.NO_PREFETCH, mv.NO_MAXIMA)
-            else:
-                mv.matvec_table_f32(wt, nw, o, x, xsum, rpt, mv.NO_PREFETCH, mv.NO_MAXIMA)
+            mv.matvec_table(wt, nw, o, x, levels, xq, xd, xsum, rpt, mv.NO_PREFETCH, mv.NO_MAXIMA)
 
     items = list(zip(tables, outs, strict=True))
     layers, head = items[:-1], items[-1:]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from workbench.backends import make_backend
 from workbench.backends.base import Step, UnsupportedOpError
 from workbench.backends.numba_cpu import attend
+from workbench.backends.numba_cpu import instructions as ins
 from workbench.backends.numba_cpu import kernels as k
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import program as pg
@@ -245,12 +246,12 @@ def test_each_dense_attention_has_its_kv_rows_prefetched_by_a_gate_up_before_it(
     cpu = make_backend("cpu", default_model, threads=2)
     prog = cpu._program(cpu.prepare_graph(default_model.graph(1, 1)), Step.single(cpu.new_cache(4), [1], 0))
     code = prog.code
-    for i in np.flatnonzero(code[:, pg.C_OP] == pg.ATTENTION):
-        layer = code[i, pg.C_AUX]
-        hosts = np.flatnonzero(code[:, pg.C_PF] == layer + 1)
+    for i in np.flatnonzero(code["op"] == ins.ATTENTION):
+        layer = code[i]["layer"]
+        hosts = np.flatnonzero(code["pf_layer"] == layer + 1)
         assert len(hosts) == 1 and hosts[0] < i
-        want = pg.NORM_MATMUL if layer == 0 else pg.NORM_MATMUL_GELU  # layer 0: its QKV
-        assert code[hosts[0], pg.C_OP] == want and code[hosts[0], pg.C_PF + 1] == code[i, pg.C_NORM]
+        want = ins.NORM_MATMUL if layer == 0 else ins.NORM_MATMUL_GELU  # layer 0: its QKV
+        assert code[hosts[0]]["op"] == want and code[hosts[0]]["pf_width"] == code[i]["kv_width"]
     region = np.zeros(3, np.int64)
     kv = np.array([[100, 200, 0, 8, 0]], np.int64)
     pg.kv_prefetch_region(kv, 0, 16, 5, region)

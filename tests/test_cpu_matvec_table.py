@@ -1,5 +1,5 @@
-"""The table matvec of the step programs (matvec.matvec_table_i16 / _f32): every row of every weight once,
-equal to the one-weight kernels, for small tables (equal shares) and the LM head's size (claimed tasks)."""
+"""The table matvec of the step programs (matvec.matvec_table, int16 and float activations): every row of
+every weight once, equal to the one-weight kernels, for small tables (equal shares) and the LM head's size (claimed tasks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from workbench._numba import numba
 from workbench.backends.numba_cpu import matvec as mv
-from workbench.backends.numba_cpu.program import MAX_W
+from workbench.backends.numba_cpu.instructions import MAX_W
 from workbench.models.synth import random_blocks
 from workbench.quant.formats import GGMLType
 
@@ -42,10 +42,10 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        mv.matvec_table_i16(_table(weights), len(rows), padded, xq, xd, xs, 16, region, mv.NO_MAXIMA)
+        mv.matvec_table(_table(weights), len(rows), padded, x, 32767, xq, xd, xs, 16, region, mv.NO_MAXIMA)
         floats = tuple(np.full_like(o, np.nan) for o in padded)
         mv.block_sums(x, xs)
-        mv.matvec_table_f32(_table(weights), len(rows), floats, x, xs, 16, region, mv.NO_MAXIMA)
+        mv.matvec_table(_table(weights), len(rows), floats, x, 0, xq, xd, xs, 16, region, mv.NO_MAXIMA)
     finally:
         numba.set_num_threads(before)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
@@ -105,7 +105,7 @@ def test_task_maxima_give_numpys_argmax(rows, threads):
 
     def argmax(weight: np.ndarray, buf: np.ndarray) -> tuple[int, int]:
         wt = _table([weight])
-        n = mv.matvec_table_i16(wt, 1, (out, out, out), xq, xd, xs, 16, mv.NO_PREFETCH, buf)
+        n = mv.matvec_table(wt, 1, (out, out, out), x, 32767, xq, xd, xs, 16, mv.NO_PREFETCH, buf)
         return n, (mv.argmax_of_tasks(wt, 16, buf, n, out[0]) if n else -1)
 
     before = numba.get_num_threads()

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from workbench._numba import numba
 from workbench.backends import make_backend
 from workbench.backends.base import Step
+from workbench.backends.numba_cpu import instructions as ins
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import program as pg
 from workbench.backends.numba_cpu import shards as sh
@@ -43,7 +44,7 @@ def _matvec(row: np.ndarray, x: np.ndarray, levels: int, vnni: bool, prefetch: b
     xd = np.zeros((1, x.shape[1] // 32), np.float32)
     xs = np.zeros_like(xd)
     pf = np.array([x.ctypes.data, x.ctypes.data, x.nbytes if prefetch else 0], np.int64)
-    sh._project(row[None], np.zeros(1, np.int64), 1, x, (out,), levels, xq, xd, xs, pf)
+    pg.project(row[None], np.zeros(1, np.int64), 1, x, (out,), levels, xq, xd, xs, 0, mv.NO_MAXIMA, pf, False)
     return out
 
 
@@ -108,10 +109,10 @@ def test_default_model_decodes_in_shards(default_model):
     assert plan is not None and plan.n_shards == 2 and plan.threaded
     assert re.fullmatch(r"2, a thread each, \d+\.\d MB of column copies", cpu.device.details["decode_shards"])
     code = cpu._programs[id(g1)][1].code
-    kinds = {(int(code[i, pg.C_OP]), int(m)) for i, m in enumerate(plan.mode)}
+    kinds = {(int(c["op"]), int(c["mode"])) for c in code[:-1]}
     assert kinds == {
-        (pg.EMBED, sh.WHOLE), (pg.NORM_MATMUL, sh.ROWS), (pg.NORM_ROPE, sh.HEADS), (pg.NORM_ROPE, sh.WHOLE),
-        (pg.ATTENTION, sh.HEADS), (pg.MATMUL_NORM_ADD, sh.COLS), (pg.NORM_MATMUL_GELU, sh.ROWS),
+        (ins.EMBED, ins.WHOLE), (ins.NORM_MATMUL, ins.ROWS), (ins.NORM_ROPE, ins.HEADS), (ins.NORM_ROPE, ins.WHOLE),
+        (ins.ATTENTION, ins.HEADS), (ins.MATMUL_NORM_ADD, ins.COLS), (ins.NORM_MATMUL_GELU, ins.ROWS),
     }  # fmt: skip
     rows = make_backend("cpu", default_model, threads=2, tune="decode_shards=1")
     g1r, want = _decode(rows, default_model, toks)

@@ -130,20 +130,20 @@ def test_kv_rows_are_prefetched_by_an_op_of_their_own_layer_or_the_one_before(tm
     """With a sparse FFN in layer 1, layer 2's attention has no dense gate/up before it: its QKV prefetches."""
     import workbench as wb
     from workbench.backends.base import Step
-    from workbench.backends.numba_cpu import program as pg
+    from workbench.backends.numba_cpu import instructions as ins
 
     e = wb.Engine(
         build_variant(tiny_model(tmp_path, "Q8_0"), "native", "ffn-topk=0.5@1", progress=False), "cpu"
     )
     graph = e.backend.prepare_graph(e.model.graph(1, 1))
     code = e.backend._program(graph, Step.single(e.new_sequence(4).cache, [5], 0, "last", "decode")).code
-    attentions = np.flatnonzero(code[:, pg.C_OP] == pg.ATTENTION)
+    attentions = np.flatnonzero(code["op"] == ins.ATTENTION)
     kinds = []
     for prev, i in zip([-1, *attentions[:-1]], attentions, strict=True):
-        hosts = np.flatnonzero(code[:, pg.C_PF] == code[i, pg.C_AUX] + 1)
+        hosts = np.flatnonzero(code["pf_layer"] == code[i]["layer"] + 1)
         assert len(hosts) == 1 and prev < hosts[0] < i
-        kinds.append(code[hosts[0], pg.C_OP])
-    assert kinds == [pg.NORM_MATMUL, pg.NORM_MATMUL_GELU, pg.NORM_MATMUL]
+        kinds.append(code[hosts[0]]["op"])
+    assert kinds == [ins.NORM_MATMUL, ins.NORM_MATMUL_GELU, ins.NORM_MATMUL]
     e.close()
 
 

@@ -156,7 +156,7 @@ def reference(kind: str) -> str:
 # -- cpu --------------------------------------------------------------------------------------------------
 def cpu(kind: str) -> str:
     from .backends import numba_cpu
-    from .backends.numba_cpu import program
+    from .backends.numba_cpu import instructions, program
 
     handler = numba_cpu.HANDLERS.get(kind)
     if handler is None:
@@ -165,8 +165,10 @@ def cpu(kind: str) -> str:
     mods = _reached_modules(handler, numba_cpu.CpuBackend, package) - {package}
     files = ", ".join(_link(_module_file(m)) for m in sorted(mods))
     text = f"`{handler.__name__}` in {_link(inspect.getfile(handler))}" + (f" → {files}" if files else "")
-    if kind in program.LOWERED:
-        text += f"; one-token steps: {_link(inspect.getfile(program))}"
+    if kind in instructions.LOWERED:
+        text += (
+            f"; one-token steps: {_link(inspect.getfile(instructions))} → {_link(inspect.getfile(program))}"
+        )
     return text
 
 

@@ -30,6 +30,7 @@ from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step
 from . import batched, dispatch
 from . import gemma3n as g3
+from . import instructions as ins
 from . import interleaved as il
 from . import kernels as k
 from . import layouts as ly
@@ -149,7 +150,7 @@ class CpuBackend(Backend):
         self.dense_budget = dense_cache_mib << 20
         self._dense: dict[str, np.ndarray] = {}
         self._graphs: dict[int, Graph] = {}
-        self._programs: dict[int, tuple[Graph, pg.Program | None]] = {}
+        self._programs: dict[int, tuple[Graph, ins.Program | None]] = {}
         # (weight, shards, shard) -> (weight-table row, array): a shard's columns copied (shards.py)
         self.col_shares: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray] | None] = {}
         self.levels = ACT_QUANT[act_quant]
@@ -305,18 +306,18 @@ class CpuBackend(Backend):
         logits, token = self._execute(prog, step, observer, argmax=True)
         return token if token >= 0 else int(np.argmax(logits[-1]))
 
-    def _program(self, graph: Graph, step: Step) -> pg.Program | None:
+    def _program(self, graph: Graph, step: Step) -> ins.Program | None:
         """The compiled program of a one-token step's graph (None: the graph runs op by op)."""
         if not (self.fused and pg.runnable(step)):
             return None
         if id(graph) not in self._programs:  # the graph is kept with its program: its id stays its own
-            prog = pg.lower(self, graph)
+            prog = ins.lower(self, graph)
             if prog is not None and self.decode_shards > 1:
                 prog.shards = sh.plan(self, prog, self.decode_shards, self._shards_threaded())
             self._programs[id(graph)] = (graph, prog)
         return self._programs[id(graph)][1]
 
-    def _execute(self, prog: pg.Program, step: Step, observer: OpObserver | None, argmax: bool = False):
+    def _execute(self, prog: ins.Program, step: Step, observer: OpObserver | None, argmax: bool = False):
         return (sh.execute if prog.shards is not None else pg.execute)(self, prog, step, observer, argmax)
 
     def _program_label(self) -> str:
@@ -324,7 +325,7 @@ class CpuBackend(Backend):
         formats the program has no lowering for, e.g. Gemma 3n's)."""
         if not self.fused:
             return "off (fused=0): op by op"
-        kinds = sorted({op.kind for op in self.prepare_graph(self.model.graph(1)).ops} - pg.LOWERED)
+        kinds = sorted({op.kind for op in self.prepare_graph(self.model.graph(1)).ops} - ins.LOWERED)
         if kinds:
             return "op by op: the one-token program does not cover " + ", ".join(kinds)
         if any(w.fmt not in mv.QUANT_FMTS for w in self.weights.values()):

@@ -199,7 +199,7 @@ def _attend_chunk(q, keys, vals, seen, n_heads, head_dim, scale, mx, sm, acc):  
     n_kv = keys.shape[1] // head_dim
     group = n_heads // n_kv
     n_seen = seen.shape[0]
-    stride = keys.shape[1]
+    stride = keys.strides[0] // 4  # a shard's KV heads are a column range of the cache rows
     vec_dims = head_dim // av.LANES * av.LANES
     probs = np.empty((group, n_seen), np.float32)
     acc[:] = 0.0

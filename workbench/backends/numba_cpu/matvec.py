@@ -169,6 +169,18 @@ def rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0):  # pragma: no cov
 
 
 @njit(cache=True)
+def rows_at(wrow, r0, r1, x, levels, xq, xd, xs, out, c0):  # pragma: no cover - compiled
+    """Rows r0..r1 of the weight of table row ``wrow`` (see W_FMT) . each activation row, into ``out[t, c0:]``:
+    int16 (int8) codes ``xq``/``xd``/``xs`` where ``levels`` > 0, else the exact floats ``x`` (block sums
+    ``xs``)."""
+    fmt, wa, rb, n_units = wrow[W_FMT], wrow[W_ADDR], wrow[W_ROW_BYTES], wrow[W_UNITS]
+    if levels > 0:
+        rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0)
+    else:
+        rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0)
+
+
+@njit(cache=True)
 def rows_f32_by_dequant(fmt, wa, rb, n_units, r0, r1, x, out, c0):  # pragma: no cover - compiled
     """out[t, c0 + n - r0] = row n . x[t] for rows r0..r1, each row dequantized (:func:`dequant_row_at`) and
     summed in float in value order: the exact path of the interleaved layouts, which have no float kernel
@@ -346,17 +358,9 @@ def _task_rows(wt, size, starts, i):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _table_task_i16(wt, size, starts, i, outs, xq, xd, xs):  # pragma: no cover - compiled
+def _table_task(wt, size, starts, i, outs, x, levels, xq, xd, xs):  # pragma: no cover - compiled
     j, r0, r1 = _task_rows(wt, size, starts, i)
-    rows_i16_at(
-        wt[j, W_FMT], wt[j, W_ADDR], wt[j, W_ROW_BYTES], wt[j, W_UNITS], r0, r1, xq, xd, xs, outs[j], r0
-    )
-
-
-@njit(cache=True)
-def _table_task_f32(wt, size, starts, i, outs, x, xs):  # pragma: no cover - compiled
-    j, r0, r1 = _task_rows(wt, size, starts, i)
-    rows_f32_at(wt[j, W_FMT], wt[j, W_ADDR], wt[j, W_ROW_BYTES], wt[j, W_UNITS], r0, r1, x, xs, outs[j], r0)
+    rows_at(wt[j], r0, r1, x, levels, xq, xd, xs, outs[j], r0)
 
 
 # parallel iterations that claim tasks: threads beyond this count idle in these loops; a thread's iterations
@@ -445,41 +449,16 @@ def argmax_of_tasks(wt, rpt, maxima, n_tasks, out):  # pragma: no cover - compil
 
 
 @njit(parallel=True, cache=True)
-def matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt, pf, maxima):  # pragma: no cover - compiled
+def matvec_table(wt, n_w, outs, x, levels, xq, xd, xs, rpt, pf, maxima):  # pragma: no cover - compiled
     """``outs[j][t, :] = W_j . activation row t`` for the first ``n_w`` weights of table ``wt`` (a row per
-    weight: format, address, row bytes, rows, units), in one parallel loop over tasks of ``rpt`` rows, each
-    thread an equal share. For the LM head (a table of more than CLAIMED_ROWS rows) threads instead claim
-    big tasks from a shared counter, so a slower thread leaves work to the other (for small tables an atomic
-    crossing cores per task cost more than it saved), the first half of the iterations from the front of the
-    tasks, the second half from the back, so that each thread streams one contiguous stretch of the weight
-    (figures: docs/backend-cpu.md#the-lm-head).
+    weight: format, address, row bytes, rows, units; activations as :func:`rows_at` takes them), in one
+    parallel loop over tasks of ``rpt`` rows, each thread an equal share. For the LM head (a table of more
+    than CLAIMED_ROWS rows) threads instead claim big tasks from a shared counter, so a slower thread leaves
+    work to the other (for small tables an atomic crossing cores per task cost more than it saved), the
+    first half of the iterations from the front of the tasks, the second half from the back, so that each
+    thread streams one contiguous stretch of the weight (figures: docs/backend-cpu.md#the-lm-head).
     ``pf``: a region whose lines the tasks of a table of equal shares prefetch (:func:`prefetch_share`).
     ``maxima``: see :func:`_wants_maxima`; returns the number of tasks whose maxima it holds (0: none)."""
-    size, starts, claim = table_tasks(wt, n_w, rpt)
-    fill = _wants_maxima(maxima, n_w, starts[n_w], xq.shape[0])
-    if claim:
-        counter = _counter(starts[n_w])
-        for it in prange(WORKERS):
-            front = it < WORKERS // 2
-            i = _claim(counter, front)
-            while i >= 0:
-                _table_task_i16(wt, size, starts, i, outs, xq, xd, xs)
-                if fill:
-                    _task_max(wt, size, starts, i, outs, maxima)
-                i = _claim(counter, front)
-    else:
-        for i in prange(starts[n_w]):
-            _table_task_i16(wt, size, starts, i, outs, xq, xd, xs)
-            if fill:
-                _task_max(wt, size, starts, i, outs, maxima)
-            if pf[2] > 0:
-                prefetch_share(pf, i, starts[n_w])
-    return starts[n_w] if fill else 0
-
-
-@njit(parallel=True, cache=True)
-def matvec_table_f32(wt, n_w, outs, x, xs, rpt, pf, maxima):  # pragma: no cover - compiled
-    """The exact-float twin of :func:`matvec_table_i16`."""
     size, starts, claim = table_tasks(wt, n_w, rpt)
     fill = _wants_maxima(maxima, n_w, starts[n_w], x.shape[0])
     if claim:
@@ -488,13 +467,13 @@ def matvec_table_f32(wt, n_w, outs, x, xs, rpt, pf, maxima):  # pragma: no cover
             front = it < WORKERS // 2
             i = _claim(counter, front)
             while i >= 0:
-                _table_task_f32(wt, size, starts, i, outs, x, xs)
+                _table_task(wt, size, starts, i, outs, x, levels, xq, xd, xs)
                 if fill:
                     _task_max(wt, size, starts, i, outs, maxima)
                 i = _claim(counter, front)
     else:
         for i in prange(starts[n_w]):
-            _table_task_f32(wt, size, starts, i, outs, x, xs)
+            _table_task(wt, size, starts, i, outs, x, levels, xq, xd, xs)
             if fill:
                 _task_max(wt, size, starts, i, outs, maxima)
             if pf[2] > 0:

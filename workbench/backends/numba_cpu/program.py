@@ -1,22 +1,20 @@
-"""Decode steps as one compiled call: the fused graph of a one-token step lowered to an instruction table.
+"""Decode steps as one compiled call: the instructions of a one-token step (:mod:`.instructions`) run by one
+interpreter, :func:`run_segment`, for the row-parallel program and for the decode shards (:mod:`.shards`).
 
 The per-op path runs a Python handler per op (~130 ops a token), each paying the interpreter, numba's
-argument dispatch and fresh output arrays: milliseconds per token at 60-100 tokens/s. Here the graph of a
-one-token step is lowered once per graph to a table (one row per op: opcode, tensor offsets in one float32
-arena, weight addresses in the GGUF mapping) that one numba function executes, calling the same kernels
-as the per-op handlers (parallel matvecs, norms, RoPE, attention over the KV cache in place). Lowering
-covers the fused kinds of a decode graph, unfused norms and adds, and ``sparse_ffn`` (:mod:`.sparse`); a
-graph with any other op runs op by op, as before.
+argument dispatch and fresh output arrays: milliseconds per token at 60-100 tokens/s. Here one numba call runs
+a token's instructions, calling the same kernels as the per-op handlers (parallel matvecs, norms, RoPE,
+attention over the KV cache in place). A program runs every instruction whole, each projection a parallel
+loop over its rows; a shard runs its share of each (the record's ``mode``) on its own thread. A sparse FFN or
+a block-sparse attention runs in :func:`run_sparse_instruction`, so a dense model never compiles them.
 
-With a profiler attached, the interpreter stamps the CPU cycle counter after each op, and each op is
+With a profiler attached, the interpreter adds each instruction's CPU cycles to ``spans``, and each op is
 reported with its measured time (the counter is calibrated against ``time.perf_counter``).
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,32 +24,37 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from ...ops import reference as ref
-from ...ops.graph import Graph, Op
 from . import kernels as k
 from . import matvec as mv
 from . import sparse as sp
 from . import sparse_attention as sa
 from .addr import f32_ptr, i64_ptr
+from .instructions import (
+    ADD,
+    ATTENTION,
+    COLS,
+    EMBED,
+    HEADS,
+    KV_HEADS,
+    MATMUL_NORM_ADD,
+    NORM_MATMUL,
+    NORM_MATMUL_GELU,
+    NORM_ROPE,
+    RMSNORM,
+    SPARSE_FFN,
+    Program,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from ..base import OpObserver, Step
     from . import CpuBackend
-    from .shards import ShardPlan
 
 njit = numba.njit
 
-EMBED, NORM_MATMUL, NORM_MATMUL_GELU, NORM_ROPE, ATTENTION, MATMUL_NORM_ADD = range(6)
-RMSNORM, ADD, SPARSE_FFN = range(6, 9)  # unfused norms and adds (around a sparse FFN), the sparse FFN
-# columns of an instruction row
-C_OP, C_IN, C_K, C_OUT, C_N, C_NORM, C_AUX, C_AUX2, C_NW, C_OUTS = range(10)  # C_OUTS..+2: matmul outputs
-C_BLK = C_OUTS + 3  # block-sparse attention: block, sink, local, stride (block 0: dense)
-C_PF = C_BLK + 4  # a projection: 1 + the layer whose KV rows its tasks prefetch (0: none), and their width
-N_COLS = C_PF + 2
-MAX_W = 3  # weights of one instruction (Q, K, V)
-# columns of the float parameters: eps, scale, window
-F_EPS, F_SCALE, F_WINDOW = range(3)
 # columns of the per-step KV table (one row per layer)
 KV_KEYS, KV_VALS, KV_POS, KV_CAP, KV_RING = range(5)
+# why run_segment returned: the end of the instructions, an exchange of partial sums, a sparse instruction
+END, EXCHANGE, SPARSE = range(3)
 
 
 @intrinsic
@@ -78,15 +81,38 @@ def arena_row(arena, off, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _project(wt, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf):  # pragma: no cover
-    """``outs[j] = x @ W_j.T`` for the first ``n_w`` weights of ``wt``; int16 activations unless levels = 0;
-    the tasks prefetch the region ``pf`` describes (see :func:`.matvec.prefetch_share`) and record their
-    largest outputs in ``maxima`` where it asks for them; returns the number of tasks recorded."""
+def share(arena, off, n, s, n_sh):  # pragma: no cover - compiled
+    """Shard ``s``'s share of the ``n`` values at ``off`` (of ``n_sh`` shares), as a (1, n / n_sh) view."""
+    w = n // n_sh
+    return arena_row(arena, off + s * w, w)
+
+
+PF_ROWS = 32  # rows of a shard's first weight between two shares of the prefetched KV lines
+
+
+@njit(cache=True)
+def project(wt, c0, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf, parallel):  # pragma: no cover
+    """``outs[j][0, c0[j]:] = x @ W_j.T`` for the first ``n_w`` weights of ``wt`` (all their rows); int16
+    activations unless levels = 0. ``parallel``: one parallel loop over the rows (:func:`.matvec.matvec_table`,
+    which records the task maxima ``maxima`` asks for and returns their number), else on this thread, the first
+    weight PF_ROWS rows at a time; either way the region ``pf`` describes is prefetched alongside
+    (:func:`.matvec.prefetch_share`; ``pf[2]`` = 0: none)."""
     if levels > 0:
         mv.quantize_rows_i16(x, levels, xq, xd, xs)
-        return mv.matvec_table_i16(wt, n_w, outs, xq, xd, xs, rpt, pf, maxima)
-    mv.block_sums(x, xs)
-    return mv.matvec_table_f32(wt, n_w, outs, x, xs, rpt, pf, maxima)
+    else:
+        mv.block_sums(x, xs)
+    if parallel:
+        return mv.matvec_table(wt, n_w, outs, x, levels, xq, xd, xs, rpt, pf, maxima)
+    for j in range(n_w):
+        rows = wt[j, mv.W_ROWS]
+        step = PF_ROWS if j == 0 and pf[2] > 0 else rows
+        n_steps = (rows + step - 1) // step
+        for t in range(n_steps):
+            r0 = t * step
+            mv.rows_at(wt[j], r0, min(rows, r0 + step), x, levels, xq, xd, xs, outs[j], c0[j] + r0)
+            if step < rows:
+                mv.prefetch_share(pf, t, n_steps)
+    return np.int64(0)
 
 
 @njit(cache=True)
@@ -105,290 +131,176 @@ def embed(w, token, scale, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def kv_append(kv, layer, c, pos, arena):  # pragma: no cover - compiled
-    """Store the key and value rows of attention instruction ``c`` (in ``arena``) in ``layer``'s cache slot
-    for ``pos``; returns the layer's keys, values, slot positions and the number of slots in use."""
-    kd = c[C_NORM]  # k/v width (n_kv_heads * head_dim)
+def kv_append(kv, c, pos, arena, s, n_sh):  # pragma: no cover - compiled
+    """Store shard ``s``'s share (of ``n_sh``) of the key and value rows of attention instruction ``c`` in its
+    layer's cache slot for ``pos``; returns the layer's keys, values, slot positions, slots in use."""
+    kd, layer = c.kv_width, c.layer
     cap, ring = kv[layer, KV_CAP], kv[layer, KV_RING]
     keys = numba.carray(f32_ptr(kv[layer, KV_KEYS]), (cap, kd))
     vals = numba.carray(f32_ptr(kv[layer, KV_VALS]), (cap, kd))
     kpos = numba.carray(i64_ptr(kv[layer, KV_POS]), (cap,))
     slot = pos % ring if ring > 0 else pos
-    keys[slot] = arena[c[C_OUTS] : c[C_OUTS] + kd]
-    vals[slot] = arena[c[C_OUTS + 1] : c[C_OUTS + 1] + kd]
-    kpos[slot] = pos
+    w = kd // n_sh
+    keys[slot, s * w : (s + 1) * w] = arena[c.keys_in + s * w : c.keys_in + (s + 1) * w]
+    vals[slot, s * w : (s + 1) * w] = arena[c.vals_in + s * w : c.vals_in + (s + 1) * w]
+    kpos[slot] = pos  # every shard stores the same position
     return keys, vals, kpos, min(cap, pos + 1)
 
 
 @njit(cache=True)
-def run_program(
-    code, fp, wts, arena, norms, token, pos, rope, kv, levels, xq, xd, xs, rpt, stamps, maxima, start
-):  # pragma: no cover
-    """Execute the instructions ``code`` from ``start`` for one token at position ``pos``; ``stamps`` (empty:
-    off) receives the cycle counter before the first and after each instruction. Stops before an instruction
-    of :func:`run_sparse_instruction` and returns (-1, its index); at the end returns (the argmax of the last
-    instruction's output when it is a projection whose tasks fit ``maxima`` (empty: not wanted), else -1,
-    the number of instructions)."""
-    # counters start as np.int64 (not a bare 0): numba types a call with a literal argument as a separate
-    # specialization, compiling the callee twice
+def attend(c, a, s, n_sh, kv, pos):  # pragma: no cover - compiled
+    """Attention instruction ``c`` (dense) in arena ``a``: all query heads in parallel key ranges (a program,
+    ``n_sh`` = 1), or shard ``s``'s query heads on this thread, over the KV heads it stores (KV_HEADS) or the
+    one KV head every shard stores whole (HEADS)."""
+    hd, kk = c.head_dim, c.k
+    if n_sh == 1:
+        keys, vals, kpos, used = kv_append(kv, c, pos, a, 0, 1)
+        k.attend_one(a[c.inp : c.inp + kk], keys, vals, kpos, used, pos, kk // hd, hd, c.scale,
+                     np.int64(c.window), a[c.out : c.out + c.n])  # fmt: skip
+        return
+    mine = c.mode == KV_HEADS
+    keys, vals, kpos, used = kv_append(kv, c, pos, a, s if mine else 0, n_sh if mine else 1)
+    if mine:
+        w = c.kv_width // n_sh
+        keys, vals = keys[:, s * w : (s + 1) * w], vals[:, s * w : (s + 1) * w]
+    q, o = share(a, c.inp, kk, s, n_sh), share(a, c.out, c.n, s, n_sh)
+    k.attend_serial(
+        q[0], keys, vals, kpos[:used], pos, kk // n_sh // hd, hd, c.scale, np.int64(c.window), o[0]
+    )
+
+
+@njit(cache=True)
+def exchange(a, c, parts, epoch, norms):  # pragma: no cover - compiled
+    """The end of a COLS instruction (a matmul_rmsnorm_add): every shard's partial sum (the half of ``parts``
+    of exchange ``epoch``) added in shard order, so that every shard holds the same bits; then its norm-add."""
+    n, n_sh = c.n, parts.shape[1]
+    o0 = arena_row(a, c.outs[0], n)
+    got = parts[(epoch - 1) % 2]
+    o0[0, :] = got[0, :n]
+    for o in range(1, n_sh):
+        for r in range(n):
+            o0[0, r] += got[o, r]
+    norm_add(a, c, o0, norms)
+
+
+@njit(cache=True)
+def norm_add(a, c, y, norms):  # pragma: no cover - compiled
+    """matmul_rmsnorm_add after its projection ``y``: out = residual + rmsnorm(y)."""
+    n = c.n
+    k.rmsnorm_add(y, norms[c.norm : c.norm + n], c.eps, arena_row(a, c.other, n), arena_row(a, c.out, n))
+
+
+@njit(cache=True)
+def run_segment(s, i, resume, epoch, code, wts, c0, arenas, parts, norms, token, pos, rope, kv, levels, xq, xd,
+                xs, rpt, maxima, spans):  # fmt: skip  # pragma: no cover - compiled
+    """Shard ``s`` of ``arenas.shape[0]`` (1: a program, every instruction whole) runs instructions from ``i``
+    (with ``resume``: first the exchange that ends instruction ``i``) until the end, an instruction that
+    exchanges partial sums (whose partial sum it writes first) or a sparse one. Returns (where it stopped, why:
+    END, EXCHANGE or SPARSE, the task maxima the last projection recorded). ``epoch``: exchanges done before
+    (their parity picks the half of ``parts`` written); ``spans`` (2, shards, instructions; empty: off)
+    receives each instruction's cycles."""
+    n_sh = arenas.shape[0]
+    whole = n_sh == 1
+    a = arenas[s]
+    end, last = code.shape[0], code.shape[0] - 1
+    timed = spans.shape[2] > 0
     pf = np.zeros(3, np.int64)
-    last, recorded = code.shape[0] - 1, np.int64(0)
-    if stamps.shape[0] and start == 0:
-        stamps[0] = cycle_counter()
-    for i in range(start, code.shape[0]):
+    recorded = np.int64(0)
+    while i < end:
+        t0 = cycle_counter() if timed else 0
         c = code[i]
-        op = c[C_OP]
-        kk, n = c[C_K], c[C_N]
-        x = arena_row(arena, c[C_IN], kk)
-        out = arena_row(arena, c[C_OUT], n)
-        if op == EMBED:
-            embed(wts[i, 0], token, fp[i, F_SCALE], out)
+        op, kk, n, mode = c.op, c.k, c.n, c.mode
+        x = arena_row(a, c.inp, kk)
+        out = arena_row(a, c.out, n)
+        pf[2] = 0
+        if resume:
+            exchange(a, c, parts, epoch, norms)
+            resume = False
+        elif op == SPARSE_FFN or (op == ATTENTION and c.blocks[0] > 0):
+            return i, SPARSE, recorded
+        elif mode == COLS:
+            # a C-contiguous (1, n) view, as the other calls' outputs (one specialization of project)
+            mine = arena_row(parts.reshape(-1), ((epoch % 2) * n_sh + s) * parts.shape[2], n)
+            project(wts[s, i], c0[s, i], np.int64(1), share(a, c.inp, kk, s, n_sh), (mine, mine, mine), levels,
+                    xq[s], xd[s], xs[s], rpt, maxima[:0], pf, whole)  # fmt: skip
+            if timed:
+                spans[0, s, i] += cycle_counter() - t0
+            return i, EXCHANGE, recorded
+        elif op == EMBED:
+            embed(wts[s, i, 0], token, c.scale, out)
         elif op == NORM_ROPE:
-            t = c[C_AUX]
-            k.rmsnorm_rope(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX2]], fp[i, F_EPS], rope[t, 0:1], rope[t, 1:2],
-                           c[C_AUX2], out)  # fmt: skip
-        elif op == ATTENTION:
-            layer, hd = c[C_AUX], c[C_AUX2]
-            if c[C_BLK] > 0:
-                return np.int64(-1), i  # block-sparse attention: run_sparse_instruction
-            keys, vals, kpos, used = kv_append(kv, layer, c, pos, arena)
-            k.attend_one(x[0], keys, vals, kpos, used, pos, kk // hd, hd, fp[i, F_SCALE],
-                         np.int64(fp[i, F_WINDOW]), out[0])  # fmt: skip
-        elif op == RMSNORM:  # C_AUX: the group (row length for a plain norm)
-            k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + c[C_AUX]], fp[i, F_EPS], c[C_AUX], out)
-        elif op == ADD:
-            k.add(x, arena_row(arena, c[C_AUX], kk), out)
-        elif op == SPARSE_FFN:
-            return np.int64(-1), i  # run_sparse_instruction
-        else:
-            nw = c[C_NW]
-            o0 = arena_row(arena, c[C_OUTS], wts[i, 0, mv.W_ROWS])
-            o1 = arena_row(arena, c[C_OUTS + 1], wts[i, 1, mv.W_ROWS]) if nw > 1 else o0
-            o2 = arena_row(arena, c[C_OUTS + 2], wts[i, 2, mv.W_ROWS]) if nw > 2 else o0
-            if op == MATMUL_NORM_ADD:
-                pf[2] = 0
-                _project(wts[i], np.int64(1), x, (o0, o0, o0), levels, xq, xd, xs, rpt, maxima[:0], pf)
-                res = arena_row(arena, c[C_AUX], n)
-                k.rmsnorm_add(o0, norms[c[C_NORM] : c[C_NORM] + n], fp[i, F_EPS], res, out)
-            else:
-                h = arena_row(arena, c[C_AUX], kk)
-                k.rmsnorm(x, norms[c[C_NORM] : c[C_NORM] + kk], fp[i, F_EPS], kk, h)
-                pf[2] = 0
-                if c[C_PF] > 0:
-                    kv_prefetch_region(kv, c[C_PF] - 1, c[C_PF + 1], pos, pf)
-                mx = maxima if i == last and op == NORM_MATMUL else maxima[:0]
-                recorded = _project(wts[i], nw, h, (o0, o1, o2), levels, xq, xd, xs, rpt, mx, pf)
-                if op == NORM_MATMUL_GELU:
-                    k.gelu_mul(o0, o1, out)
-        if stamps.shape[0]:
-            stamps[i + 1] = cycle_counter()
-    end = np.int64(code.shape[0])
-    if recorded == 0:
-        return np.int64(-1), end
-    return mv.argmax_of_tasks(wts[last], rpt, maxima, recorded, arena[code[last, C_OUTS] :]), end
-
-
-@njit(cache=True)
-def stamp(stamps, j):  # pragma: no cover - compiled
-    """stamps[j] = the cycle counter (from Python: the counter is an intrinsic)."""
-    stamps[j] = cycle_counter()
-
-
-@njit(cache=True)
-def run_sparse_instruction(i, code, fp, wts, arena, pos, kv, levels, xq, xd, xs, rpt):  # pragma: no cover
-    """Instruction ``i`` of a program, one :func:`run_program` stops before: a sparse FFN or a block-sparse
-    attention. Their kernels live here, not in run_program, so a dense model never compiles them."""
-    c = code[i]
-    op, kk, n = c[C_OP], c[C_K], c[C_N]
-    x = arena_row(arena, c[C_IN], kk)
-    out = arena_row(arena, c[C_OUT], n)
-    if op == SPARSE_FFN:  # C_AUX: gate scratch; C_AUX2: kept count (0: statistical, F_SCALE its z)
-        g = arena_row(arena, c[C_AUX], wts[i, 0, mv.W_ROWS])
-        pf = np.zeros(3, np.int64)
-        _project(wts[i], np.int64(1), x, (g, g, g), levels, xq, xd, xs, rpt, np.zeros(0, np.float32), pf)
-        sp.kept_ffn(wts[i], g[0], c[C_AUX2], fp[i, F_SCALE], levels, x, xq, xd, xs, out[0], c[C_NW])
-    else:  # ATTENTION with C_BLK > 0
-        layer, hd = c[C_AUX], c[C_AUX2]
-        keys, vals, kpos, used = kv_append(kv, layer, c, pos, arena)
-        sa.attend_blocks_one(x[0], keys, vals, kpos, used, kv[layer, KV_RING], pos, kk // hd, hd,
-                             fp[i, F_SCALE], np.int64(fp[i, F_WINDOW]), c[C_BLK : C_BLK + 4], out[0])  # fmt: skip
-
-
-@dataclass
-class Program:
-    """A lowered one-token graph: instructions, their weights and float parameters, and the arena layout."""
-
-    ops: list[Op]  # the op of each instruction
-    code: np.ndarray
-    fp: np.ndarray
-    wts: np.ndarray
-    arena: np.ndarray
-    out_offset: int
-    out_cols: int
-    rope_keys: list[tuple]
-    norms: np.ndarray
-    rope_chunk: tuple = ()  # (first position, [(cos, sin) per rope key]) of the positions in use
-    kv_held: tuple = ()  # (cache, its layers' position arrays, room, KV address table) of the last run
-    maxima: np.ndarray | None = None  # per-task maxima of the last projection (the greedy argmax), made once
-    shards: ShardPlan | None = None  # how threads split the body by heads and hidden units (shards.py)
-
-
-LOWERED = {"embed", "rmsnorm_matmul", "rmsnorm_matmul_gelu", "rmsnorm_rope", "attention", "matmul_rmsnorm_add",
-           "gather_rows", "rmsnorm", "add", "sparse_ffn", sa.KIND}  # fmt: skip
-
-
-class _Lowering:
-    def __init__(self, b: CpuBackend, graph: Graph):
-        self.b, self.graph = b, graph
-        self.offsets: dict[str, int] = {}
-        self.size = 0
-        self.norm_offsets: dict[str, int] = {}
-        self.norm_parts: list[np.ndarray] = []
-        self.norm_size = 0
-        self.rope_keys: list[tuple] = []
-
-    def tensor(self, name: str, cols: int | None = None) -> int:
-        if name not in self.offsets:
-            n = cols if cols is not None else int(np.prod(self.graph.tensors[name].shape[1:]))
-            self.offsets[name] = self.size
-            self.size += -(-n // 16) * 16  # 64-byte aligned rows
-        return self.offsets[name]
-
-    def cols(self, name: str) -> int:
-        return int(np.prod(self.graph.tensors[name].shape[1:]))
-
-    def norm(self, name: str) -> int:
-        if name not in self.norm_offsets:
-            w = self.b.norms[name]
-            self.norm_offsets[name] = self.norm_size
-            self.norm_parts.append(w)
-            self.norm_size += len(w)
-        return self.norm_offsets[name]
-
-    def rope(self, op: Op) -> int:
-        a = op.attrs
-        key = (a["head_dim"], a["base"], a.get("scale", 1.0))
-        if key not in self.rope_keys:
-            self.rope_keys.append(key)
-        return self.rope_keys.index(key)
-
-    def weights(self, row: np.ndarray, names) -> None:
-        for j, name in enumerate(names):
-            w = self.b.weights[name]
-            row[j] = (w.fmt, w.data.ctypes.data, w.data.shape[1], w.rows, w.n_units)
-
-
-def _prefetch_host(rows: list[np.ndarray]) -> np.ndarray | None:
-    """The instruction that prefetches the KV rows of an attention about to be appended after ``rows``: among
-    those since the previous attention, the last gate/up (the previous layer's, dense), else the last QKV
-    projection; None when neither is there or it already prefetches for another attention."""
-    since = list(itertools.takewhile(lambda r: r[C_OP] != ATTENTION, reversed(rows)))
-    for kind in (NORM_MATMUL_GELU, NORM_MATMUL):
-        host = next((r for r in since if r[C_OP] == kind), None)
-        if host is not None:
-            return host if host[C_PF] == 0 else None
-    return None
-
-
-def lower(b: CpuBackend, graph: Graph) -> Program | None:
-    """The program of a one-token graph, or None when an op or weight has no lowering (runs op by op)."""
-    if any(op.kind not in LOWERED for op in graph.ops):
-        return None
-    used = {n for op in graph.ops for n in op.weights if n in b.weights}
-    if any(b.weights[n].fmt not in mv.QUANT_FMTS for n in used):
-        return None
-    lw = _Lowering(b, graph)
-    ops: list[Op] = []
-    rows, fps, wrows = [], [], []
-    alias: dict[str, str] = {}
-
-    def src(name: str) -> str:
-        return alias.get(name, name)
-
-    for op in graph.ops:
-        c = np.zeros(N_COLS, np.int64)
-        f = np.zeros(3, np.float64)
-        wt = np.zeros((MAX_W, 5), np.int64)
-        kind = op.kind
-        if kind == "gather_rows":  # one token, its own logits row: the same tensor
-            alias[op.outputs[0]] = src(op.inputs[0])
-            continue
-        if kind == "embed":
-            c[C_OP] = EMBED
-            lw.weights(wt, op.weights)
-            f[F_SCALE] = op.attrs["scale"]
-            c[C_K] = 1
-        elif kind == "rmsnorm_rope":
-            norm, rope = op.attrs["parts"]
-            c[C_OP], c[C_NORM], c[C_AUX], c[C_AUX2] = (
-                NORM_ROPE,
-                lw.norm(norm.weights[0]),
-                lw.rope(rope),
-                rope.attrs["head_dim"],
+            if mode == HEADS:
+                x, out = share(a, c.inp, kk, s, n_sh), share(a, c.out, n, s, n_sh)
+            hd = c.head_dim
+            k.rmsnorm_rope(
+                x, norms[c.norm : c.norm + hd], c.eps, rope[c.rope, 0:1], rope[c.rope, 1:2], hd, out
             )
-            f[F_EPS] = norm.attrs["eps"]
-            if len(b.norms[norm.weights[0]]) != rope.attrs["head_dim"]:
-                return None
-        elif kind in ("attention", sa.KIND):
-            a = op.attrs
-            c[C_BLK : C_BLK + 4] = a.get("blocks", (0, 0, 0, 0))
-            c[C_OP], c[C_AUX], c[C_AUX2] = ATTENTION, op.layer, a["head_dim"]
-            c[C_NORM] = a["n_kv_heads"] * a["head_dim"]
-            c[C_OUTS], c[C_OUTS + 1] = lw.tensor(src(op.inputs[1])), lw.tensor(src(op.inputs[2]))
-            f[F_SCALE], f[F_WINDOW] = a["scale"], a.get("window", 0)
-            host = _prefetch_host(rows) if c[C_BLK] == 0 else None  # dense attention: prefetched KV rows
-            if host is not None:
-                host[C_PF], host[C_PF + 1] = op.layer + 1, c[C_NORM]
-        elif kind == "rmsnorm":
-            c[C_OP], c[C_NORM] = RMSNORM, lw.norm(op.weights[0])
-            c[C_AUX] = op.attr("group") or lw.cols(src(op.inputs[0]))
-            f[F_EPS] = op.attrs["eps"]
-        elif kind == "add":
-            c[C_OP], c[C_AUX] = ADD, lw.tensor(src(op.inputs[1]))
-        elif kind == "sparse_ffn":
-            c[C_OP], c[C_NW] = SPARSE_FFN, b.threads_used()  # C_NW: the threads its kernels split work over
-            lw.weights(wt, op.weights[:2])
-            wt[2] = sp.down_row(b, op)
-            c[C_AUX] = lw.tensor(op.name + ".gate", wt[0, mv.W_ROWS])
-            c[C_AUX2], f[F_SCALE] = sp.kept_rule(op, wt[0, mv.W_ROWS])
-        elif kind == "matmul_rmsnorm_add":
-            mat, norm, addop = op.attrs["parts"]
-            c[C_OP], c[C_NW], c[C_NORM] = MATMUL_NORM_ADD, 1, lw.norm(norm.weights[0])
-            lw.weights(wt, mat.weights)
-            c[C_OUTS] = lw.tensor(mat.outputs[0])
-            c[C_AUX] = lw.tensor(src(next(t for t in addop.inputs if t != norm.outputs[0])))
-            f[F_EPS] = norm.attrs["eps"]
-        else:  # rmsnorm_matmul, rmsnorm_matmul_gelu
-            norm, *mats = op.attrs["parts"]
-            if kind == "rmsnorm_matmul_gelu":
-                mats = mats[:-1]
-            if len(mats) > MAX_W or norm.attr("group") not in (None, lw.cols(src(norm.inputs[0]))):
-                return None
-            c[C_OP] = NORM_MATMUL if kind == "rmsnorm_matmul" else NORM_MATMUL_GELU
-            c[C_NW], c[C_NORM] = len(mats), lw.norm(norm.weights[0])
-            c[C_AUX] = lw.tensor(norm.outputs[0], lw.cols(src(norm.inputs[0])))
-            lw.weights(wt, [m.weights[0] for m in mats])
-            for j, m in enumerate(mats):
-                c[C_OUTS + j] = lw.tensor(m.outputs[0])
-            f[F_EPS] = norm.attrs["eps"]
-        if kind != "embed":
-            c[C_IN], c[C_K] = lw.tensor(src(op.inputs[0])), lw.cols(src(op.inputs[0]))
-        if kind == "rmsnorm_matmul":  # outputs are the projections'; ``out`` views the first
-            c[C_OUT], c[C_N] = c[C_OUTS], wt[0, mv.W_ROWS]
-        else:
-            c[C_OUT], c[C_N] = lw.tensor(op.outputs[0]), lw.cols(op.outputs[0])
-        rows.append(c)
-        fps.append(f)
-        wrows.append(wt)
-        ops.append(op)
-    final = src(graph.outputs[0])
-    if final not in lw.offsets:
-        return None
-    norms = np.concatenate(lw.norm_parts).astype(np.float32) if lw.norm_parts else np.zeros(1, np.float32)
-    return Program(
-        ops, np.array(rows), np.array(fps), np.array(wrows), np.zeros(lw.size, np.float32),
-        lw.offsets[final], lw.cols(final), lw.rope_keys, norms,
-    )  # fmt: skip
+        elif op == ATTENTION:
+            attend(c, a, s, n_sh, kv, pos)
+        elif op == RMSNORM:
+            k.rmsnorm(x, norms[c.norm : c.norm + c.group], c.eps, c.group, out)
+        elif op == ADD:
+            k.add(x, arena_row(a, c.other, kk), out)
+        elif op == MATMUL_NORM_ADD:
+            o0 = arena_row(a, c.outs[0], n)
+            project(wts[s, i], c0[s, i], np.int64(1), x, (o0, o0, o0), levels, xq[s], xd[s], xs[s], rpt,
+                    maxima[:0], pf, whole)  # fmt: skip
+            norm_add(a, c, o0, norms)
+        else:  # NORM_MATMUL, NORM_MATMUL_GELU: a shard's rows (ROWS) or all of them
+            nw = c.n_w
+            wt, at = wts[s, i], c0[s, i]  # the rows of each weight run here, and where they go
+            o0 = arena_row(a, c.outs[0], at[0] + wt[0, mv.W_ROWS])
+            o1 = arena_row(a, c.outs[1], at[1] + wt[1, mv.W_ROWS]) if nw > 1 else o0
+            o2 = arena_row(a, c.outs[2], at[2] + wt[2, mv.W_ROWS]) if nw > 2 else o0
+            h = arena_row(a, c.scratch, kk)
+            k.rmsnorm(x, norms[c.norm : c.norm + kk], c.eps, kk, h)
+            if c.pf_layer > 0:  # the KV rows of the next attention
+                kv_prefetch_region(kv, c.pf_layer - 1, c.pf_width, pos, pf)
+            mx = maxima if i == last and op == NORM_MATMUL else maxima[:0]
+            recorded = project(wt, at, nw, h, (o0, o1, o2), levels, xq[s], xd[s], xs[s], rpt, mx, pf, whole)
+            if op == NORM_MATMUL_GELU:
+                r0, r1 = at[0], at[0] + wt[0, mv.W_ROWS]
+                k.gelu_mul(o0[:, r0:r1], o1[:, r0:r1], out[:, r0:r1])
+        if timed:
+            spans[0, s, i] += cycle_counter() - t0
+        i += 1
+    return i, END, recorded
+
+
+@njit(cache=True)
+def run_program(code, wts, c0, arenas, norms, token, pos, rope, kv, levels, xq, xd, xs, rpt, maxima, spans,
+                start):  # fmt: skip  # pragma: no cover - compiled
+    """A program's instructions from ``start`` (every one whole, one shard): returns (the argmax of the last
+    instruction's output when it is a projection whose tasks recorded ``maxima`` (empty: not wanted), else -1;
+    where it stopped: the end, or a sparse instruction for :func:`run_sparse_instruction`)."""
+    parts = np.zeros((2, 1, 1), np.float32)  # no exchanges
+    i, why, recorded = run_segment(np.int64(0), start, start < 0, np.int64(0), code, wts, c0, arenas, parts,
+                                   norms, token, pos, rope, kv, levels, xq, xd, xs, rpt, maxima, spans)  # fmt: skip
+    if why != END or recorded == 0:
+        return np.int64(-1), i
+    last = code.shape[0] - 1
+    return mv.argmax_of_tasks(wts[0, last], rpt, maxima, recorded, arenas[0, code[last].outs[0] :]), i
+
+
+@njit(cache=True)
+def run_sparse_instruction(i, code, wts, arena, pos, kv, levels, xq, xd, xs, rpt):  # pragma: no cover
+    """Instruction ``i`` of a program, one :func:`run_segment` stops before: a sparse FFN or a block-sparse
+    attention. Their kernels live here, not in run_segment, so a dense model never compiles them."""
+    c = code[i]
+    op, kk, n = c.op, c.k, c.n
+    x = arena_row(arena, c.inp, kk)
+    out = arena_row(arena, c.out, n)
+    if op == SPARSE_FFN:
+        g = arena_row(arena, c.scratch, wts[i, 0, mv.W_ROWS])
+        pf = np.zeros(3, np.int64)
+        project(wts[i], np.zeros(3, np.int64), np.int64(1), x, (g, g, g), levels, xq, xd, xs, rpt,
+                np.zeros(0, np.float32), pf, True)  # fmt: skip
+        sp.kept_ffn(wts[i], g[0], c.kept, c.z, levels, x, xq, xd, xs, out[0], c.threads)
+    else:  # ATTENTION with blocks
+        hd = c.head_dim
+        keys, vals, kpos, used = kv_append(kv, c, pos, arena, 0, 1)
+        sa.attend_blocks_one(x[0], keys, vals, kpos, used, kv[c.layer, KV_RING], pos, kk // hd, hd, c.scale,
+                             np.int64(c.window), c.blocks, out[0])  # fmt: skip
 
 
 def runnable(step: Step) -> bool:
@@ -410,23 +322,38 @@ def execute(
     see :func:`.matvec.argmax_of_tasks`; a cold np.argmax over the vocabulary's logits costs more:
     docs/backend-cpu.md#the-lm-head)."""
     pos, kv, rope, maxima = step_inputs(b, prog, step, argmax)
-    stamps = np.zeros(len(prog.ops) + 1 if observer is not None else 0, np.int64)
+    spans = np.zeros((2, 1, len(prog.ops) if observer is not None else 0), np.int64)
     t0 = time.perf_counter()
-    token, i = run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos, rope,
-                           kv, b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima, 0)  # fmt: skip
-    while i < len(prog.code):  # a sparse instruction, then the rest
-        run_sparse_instruction(i, prog.code, prog.fp, prog.wts, prog.arena, pos, kv, b.levels, b.xq, b.xd, b.xs,
-                               b.rows_per_task)  # fmt: skip
-        if stamps.shape[0]:
-            stamp(stamps, i + 1)
-        token, i = run_program(prog.code, prog.fp, prog.wts, prog.arena, prog.norms, int(step.tokens[0]), pos,
-                               rope, kv, b.levels, b.xq, b.xd, b.xs, b.rows_per_task, stamps, maxima, i + 1)  # fmt: skip
+    token = run_whole(b, prog, 0, int(step.tokens[0]), pos, rope, kv, maxima, spans)
     if observer is not None:
-        per_s = cycle_rate()
-        for i, op in enumerate(prog.ops):
-            start = t0 + (stamps[i] - stamps[0]) / per_s
-            observer.on_op(op, step, start, (stamps[i + 1] - stamps[i]) / per_s, None)
-    return step_done(prog, step, pos), int(token)
+        report(observer, step, prog.ops, t0, spans[0, 0])
+    return step_done(prog, step, pos), token
+
+
+def run_whole(b: CpuBackend, prog: Program, first: int, token: int, pos: int, rope, kv, maxima, spans) -> int:
+    """Run the instructions ``first``.. of ``prog`` whole (sparse ones too); ``spans`` (2, 1, those
+    instructions; empty: off) receives their cycles. Returns the LM head's argmax, or -1."""
+    code, wts, c0, arenas = prog.code[first:], prog.wts[:, first:], prog.c0[:, first:], prog.arenas[:1]
+    xq, xd, xs, rpt = b.xq[None], b.xd[None], b.xs[None], b.rows_per_task
+    found, i = run_program(code, wts, c0, arenas, prog.norms, token, pos, rope, kv, b.levels, xq, xd, xs, rpt,
+                           maxima, spans, 0)  # fmt: skip
+    while i < len(code):  # a sparse instruction, then the rest
+        t = cycles()
+        run_sparse_instruction(i, code, wts[0], arenas[0], pos, kv, b.levels, b.xq, b.xd, b.xs, rpt)
+        if spans.shape[2]:
+            spans[0, 0, i] += cycles() - t
+        found, i = run_program(code, wts, c0, arenas, prog.norms, token, pos, rope, kv, b.levels, xq, xd, xs,
+                               rpt, maxima, spans, i + 1)  # fmt: skip
+    return int(found)
+
+
+def report(observer: OpObserver, step: Step, ops: list, t0: float, took: np.ndarray) -> None:
+    """Report each op with its measured cycles ``took``, back to back from ``t0``."""
+    per_s = cycle_rate()
+    at = t0
+    for op, c in zip(ops, took, strict=True):
+        observer.on_op(op, step, at, c / per_s, None)
+        at += c / per_s
 
 
 def step_inputs(b: CpuBackend, prog: Program, step: Step, argmax: bool) -> tuple:
@@ -447,7 +374,7 @@ def step_done(prog: Program, step: Step, pos: int) -> np.ndarray:
 def _maxima(prog: Program, rpt: int) -> np.ndarray:
     """The buffer for the per-task maxima of the program's last projection (one float per task)."""
     if prog.maxima is None:
-        _, starts, _ = mv.table_tasks(prog.wts[-1], 1, rpt)
+        _, starts, _ = mv.table_tasks(prog.wts[0, -1], 1, rpt)
         prog.maxima = np.empty(int(starts[1]), np.float32)
     return prog.maxima
 

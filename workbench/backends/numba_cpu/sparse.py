@@ -106,7 +106,7 @@ def up_rows(wrow, idx, levels, x, xq, xd, xs, out, parts):  # pragma: no cover -
     """``out[0, j] = dot(row idx[j], x)`` of the GGUF weight of table row ``wrow``, reading only those rows
     (``parts`` runs of them, one per thread; the row after next prefetched); x quantized as the dense
     matvec does."""
-    fmt, wa, rb, units = wrow[mv.W_FMT], wrow[mv.W_ADDR], wrow[mv.W_ROW_BYTES], wrow[mv.W_UNITS]
+    wa, rb = wrow[mv.W_ADDR], wrow[mv.W_ROW_BYTES]
     m = idx.shape[0]
     per = (m + parts - 1) // parts
     for p in prange(parts):
@@ -114,11 +114,7 @@ def up_rows(wrow, idx, levels, x, xq, xd, xs, out, parts):  # pragma: no cover -
             if j + 2 < m:
                 for off in range(0, rb, 64):
                     prefetch(wa + idx[j + 2] * rb + off)
-            r = idx[j]
-            if levels:
-                mv.rows_i16_at(fmt, wa, rb, units, r, r + 1, xq, xd, xs, out, j)
-            else:
-                mv.rows_f32_at(fmt, wa, rb, units, r, r + 1, x, xs, out, j)
+            mv.rows_at(wrow, idx[j], idx[j] + 1, x, levels, xq, xd, xs, out, j)
 
 
 @njit(cache=True)
