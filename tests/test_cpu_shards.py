@@ -147,10 +147,11 @@ def test_shards_not_run_concurrently_fail_clearly(default_model):
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
-def test_shards_match_the_reference_past_the_sliding_window(tmp_path):
-    """A tiny Q8_0 model with one KV head and an 8-token window: 24 decode steps past a 4-token prompt wrap
-    the sliding layers' ring caches; the shards (one thread and two) match the row-parallel program and the
-    numpy reference."""
+@pytest.mark.parametrize("n_kv", [1, 2])
+def test_shards_match_the_reference_past_the_sliding_window(tmp_path, n_kv):
+    """A tiny Q8_0 model with one KV head (every shard stores it whole) or two (each shard stores and reads
+    its own) and an 8-token window: 24 decode steps past a 4-token prompt wrap the sliding layers' ring
+    caches; the shards (one thread and two) match the row-parallel program and the numpy reference."""
     import dataclasses
 
     import gguf
@@ -159,7 +160,7 @@ def test_shards_match_the_reference_past_the_sliding_window(tmp_path):
     import workbench as wb
     from workbench.models.gguf_writer import write_gguf
 
-    config = dataclasses.replace(TINY, n_kv_heads=1, head_dim=32, ffn=128, query_pre_attn_scalar=32)
+    config = dataclasses.replace(TINY, n_kv_heads=n_kv, head_dim=32, ffn=128, query_pre_attn_scalar=32)
     tensors = {}
     for name, w in tiny_weights(config).items():
         q8 = w.ndim == 2 and w.shape[1] % 32 == 0
@@ -168,7 +169,7 @@ def test_shards_match_the_reference_past_the_sliding_window(tmp_path):
             if q8
             else (GGMLType.F32, w)
         )
-    path = tmp_path / "tiny-one-kv-head.gguf"
+    path = tmp_path / f"tiny-{n_kv}-kv-heads.gguf"
     write_gguf(path, config, tensors, tiny_vocab())
     model = wb.load(str(path))
     ids = list(range(10, 38))
@@ -182,16 +183,18 @@ def test_shards_match_the_reference_past_the_sliding_window(tmp_path):
             backend.run(g1, Step.single(cache, [t], 4 + i, "last", "decode"))[-1]
             for i, t in enumerate(ids[4:])
         ]
-        plan = backend._programs[id(g1)][1].shards if name == "cpu" else None
-        return np.array(rows), plan
+        prog = backend._programs[id(g1)][1] if name == "cpu" else None
+        return np.array(rows), prog and prog.shards, prog and prog.code
 
-    two, plan = decode("cpu", threads=2)
+    two, plan, code = decode("cpu", threads=2)
     assert plan is not None and plan.threaded
-    one, plan1 = decode("cpu", threads=1)
+    modes = set(code["mode"][code["op"] == ins.ATTENTION])
+    assert modes == ({ins.HEADS} if n_kv == 1 else {ins.KV_HEADS})
+    one, plan1, _ = decode("cpu", threads=1)
     assert plan1 is not None and not plan1.threaded
     np.testing.assert_array_equal(one, two)
-    rows, no_plan = decode("cpu", threads=2, tune="decode_shards=1")
+    rows, no_plan, _ = decode("cpu", threads=2, tune="decode_shards=1")
     assert no_plan is None
-    want, _ = decode("numpy")
+    want, _, _ = decode("numpy")
     np.testing.assert_allclose(two, rows, atol=1e-3, rtol=0)  # the order of float sums (measured 2.3e-4)
     np.testing.assert_allclose(two, want, atol=5e-3, rtol=0)

@@ -258,7 +258,9 @@ def run_segment(s, i, resume, epoch, code, wts, c0, arenas, parts, norms, token,
                 kv_prefetch_region(kv, c.pf_layer - 1, c.pf_width, pos, pf)
             mx = maxima if i == last and op == NORM_MATMUL else maxima[:0]
             recorded = project(wt, at, nw, h, (o0, o1, o2), levels, xq[s], xd[s], xs[s], rpt, mx, pf, whole)
-            if op == NORM_MATMUL_GELU:
+            if op == NORM_MATMUL_GELU and whole:  # contiguous rows, as the op handler's (the same bits)
+                k.gelu_mul(o0, o1, out)
+            elif op == NORM_MATMUL_GELU:  # a slice compiles another gelu_mul (its own float contractions)
                 r0, r1 = at[0], at[0] + wt[0, mv.W_ROWS]
                 k.gelu_mul(o0[:, r0:r1], o1[:, r0:r1], out[:, r0:r1])
         if timed:
