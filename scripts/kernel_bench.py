@@ -36,6 +36,7 @@ import numpy as np
 from workbench._numba import numba
 from workbench.backends.numba_cpu import ACT_QUANT, CpuBackend
 from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu import matvec_table as mt
 from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.backends.numba_cpu import instructions as ins
 from workbench.backends.numba_cpu.simd import INTERLEAVED
@@ -147,7 +148,7 @@ def time_step(tables: list, act: str, repeats: int, rpt: int, vnni: bool, by_add
     def run(part: list) -> None:
         for (wt, nw, k), o in part:
             x, xq, xd, xsum = prepared[k]
-            mv.matvec_table(wt, nw, o, x, levels, xq, xd, xsum, rpt, mv.NO_PREFETCH, mv.NO_MAXIMA)
+            mt.matvec_table(wt, nw, o, x, levels, xq, xd, xsum, rpt, mt.NO_PREFETCH, mt.NO_MAXIMA)
 
     items = list(zip(tables, outs, strict=True))
     layers, head = items[:-1], items[-1:]

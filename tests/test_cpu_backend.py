@@ -15,6 +15,7 @@ from workbench.backends.numba_cpu import attend
 from workbench.backends.numba_cpu import instructions as ins
 from workbench.backends.numba_cpu import kernels as k
 from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu import matvec_table as mt
 from workbench.backends.numba_cpu import program as pg
 from workbench.models.synth import random_blocks
 from workbench.ops import reference as ref
@@ -257,7 +258,7 @@ def test_each_dense_attention_has_its_kv_rows_prefetched_by_a_gate_up_before_it(
     pg.kv_prefetch_region(kv, 0, 16, 5, region)
     assert region.tolist() == [100, 200, 5 * 16 * 4]
     pg.kv_prefetch_region(kv, 0, 1 << 20, 5, region)  # past PREFETCH_MAX: the first rows
-    assert region[2] == mv.PREFETCH_MAX // 2
+    assert region[2] == mt.PREFETCH_MAX // 2
     pg.kv_prefetch_region(kv, 0, 16, 20, region)  # a ring of 8 slots, all written
     assert region[2] == 8 * 16 * 4
 

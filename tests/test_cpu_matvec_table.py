@@ -8,6 +8,7 @@ import pytest
 
 from workbench._numba import numba
 from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu import matvec_table as mt
 from workbench.backends.numba_cpu.instructions import MAX_W
 from workbench.models.synth import random_blocks
 from workbench.quant.formats import GGMLType
@@ -22,7 +23,7 @@ def _table(weights: list[np.ndarray]) -> np.ndarray:
     return wt
 
 
-@pytest.mark.parametrize("rows", [[40, 7, 300], [mv.CLAIMED_ROWS + 123]])
+@pytest.mark.parametrize("rows", [[40, 7, 300], [mt.CLAIMED_ROWS + 123]])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, threads, prefetch):
@@ -36,16 +37,16 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
     outs = [np.full((1, n), np.nan, np.float32) for n in rows]
     other = np.ones(1000, np.float32)  # a region the tasks prefetch (hints only: the results stay the same)
     region = (
-        np.array([other.ctypes.data, other.ctypes.data + 4, 3000], np.int64) if prefetch else mv.NO_PREFETCH
+        np.array([other.ctypes.data, other.ctypes.data + 4, 3000], np.int64) if prefetch else mt.NO_PREFETCH
     )
     padded = tuple(outs[min(j, len(outs) - 1)] for j in range(3))
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        mv.matvec_table(_table(weights), len(rows), padded, x, 32767, xq, xd, xs, 16, region, mv.NO_MAXIMA)
+        mt.matvec_table(_table(weights), len(rows), padded, x, 32767, xq, xd, xs, 16, region, mt.NO_MAXIMA)
         floats = tuple(np.full_like(o, np.nan) for o in padded)
         mv.block_sums(x, xs)
-        mv.matvec_table(_table(weights), len(rows), floats, x, 0, xq, xd, xs, 16, region, mv.NO_MAXIMA)
+        mt.matvec_table(_table(weights), len(rows), floats, x, 0, xq, xd, xs, 16, region, mt.NO_MAXIMA)
     finally:
         numba.set_num_threads(before)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
@@ -86,7 +87,7 @@ def test_claims_from_both_ends_take_every_task_once(n_tasks, pattern):
         assert tasks[:4] == [0, n_tasks - 1, 1, n_tasks - 2]  # the front and the back in turn
 
 
-@pytest.mark.parametrize("rows", [300, mv.CLAIMED_ROWS + 123])
+@pytest.mark.parametrize("rows", [300, mt.CLAIMED_ROWS + 123])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_task_maxima_give_numpys_argmax(rows, threads):
     """The LM head's tasks record their largest output; the argmax found from them is np.argmax's (the first
@@ -98,21 +99,21 @@ def test_task_maxima_give_numpys_argmax(rows, threads):
     xq, xd = np.empty(x.shape, np.int16), np.empty((1, cols // 32), np.float32)
     xs = np.empty_like(xd)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
-    size, starts, _ = mv.table_tasks(_table([w]), 1, 16)
+    size, starts, _ = mt.table_tasks(_table([w]), 1, 16)
     n_tasks = int(starts[1])
     maxima = np.empty(n_tasks, np.float32)
     out = np.empty((1, rows), np.float32)
 
     def argmax(weight: np.ndarray, buf: np.ndarray) -> tuple[int, int]:
         wt = _table([weight])
-        n = mv.matvec_table(wt, 1, (out, out, out), x, 32767, xq, xd, xs, 16, mv.NO_PREFETCH, buf)
-        return n, (mv.argmax_of_tasks(wt, 16, buf, n, out[0]) if n else -1)
+        n = mt.matvec_table(wt, 1, (out, out, out), x, 32767, xq, xd, xs, 16, mt.NO_PREFETCH, buf)
+        return n, (mt.argmax_of_tasks(wt, 16, buf, n, out[0]) if n else -1)
 
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
         assert argmax(w, maxima) == (n_tasks, np.argmax(out[0]))
-        assert argmax(w, mv.NO_MAXIMA)[0] == 0  # not asked for
+        assert argmax(w, mt.NO_MAXIMA)[0] == 0  # not asked for
         assert argmax(w, maxima[: n_tasks - 1])[0] == 0  # no room for every task
         for bad in (0x7E00, 0x7C00):  # a block scale of NaN, of +inf: that row's output is not finite
             broken = w.copy()
@@ -125,4 +126,4 @@ def test_task_maxima_give_numpys_argmax(rows, threads):
     ties[rows // 2] = 0.0
     ties[[rows // 3, rows - 1]] = np.nanmax(ties) + 1  # equal maxima in different tasks: the first wins
     per_task = np.array([ties[r : r + size[0]].max() for r in range(0, rows, size[0])], np.float32)
-    assert mv.argmax_of_tasks(_table([w]), 16, per_task, n_tasks, ties) == np.argmax(ties) == rows // 3
+    assert mt.argmax_of_tasks(_table([w]), 16, per_task, n_tasks, ties) == np.argmax(ties) == rows // 3

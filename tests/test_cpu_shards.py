@@ -15,6 +15,7 @@ from workbench.backends import make_backend
 from workbench.backends.base import Step
 from workbench.backends.numba_cpu import instructions as ins
 from workbench.backends.numba_cpu import matvec as mv
+from workbench.backends.numba_cpu import matvec_table as mt
 from workbench.backends.numba_cpu import program as pg
 from workbench.backends.numba_cpu import shards as sh
 from workbench.backends.numba_cpu.simd import Q6_K_I8
@@ -44,7 +45,7 @@ def _matvec(row: np.ndarray, x: np.ndarray, levels: int, vnni: bool, prefetch: b
     xd = np.zeros((1, x.shape[1] // 32), np.float32)
     xs = np.zeros_like(xd)
     pf = np.array([x.ctypes.data, x.ctypes.data, x.nbytes if prefetch else 0], np.int64)
-    pg.project(row[None], np.zeros(1, np.int64), 1, x, (out,), levels, xq, xd, xs, 0, mv.NO_MAXIMA, pf, False)
+    pg.project(row[None], np.zeros(1, np.int64), 1, x, (out,), levels, xq, xd, xs, 0, mt.NO_MAXIMA, pf, False)
     return out
 
 

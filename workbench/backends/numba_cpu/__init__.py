@@ -39,6 +39,7 @@ from . import program as pg
 from . import qformats as qf
 from . import shards as sh
 from . import sparse as sp
+from . import step_inputs as si
 from .attend_blas import attend  # noqa: F401 (re-exported: tests import it from the package)
 from .compile_progress import CompileProgress
 from .handlers import HANDLERS
@@ -308,7 +309,7 @@ class CpuBackend(Backend):
 
     def _program(self, graph: Graph, step: Step) -> ins.Program | None:
         """The compiled program of a one-token step's graph (None: the graph runs op by op)."""
-        if not (self.fused and pg.runnable(step)):
+        if not (self.fused and si.runnable(step)):
             return None
         if id(graph) not in self._programs:  # the graph is kept with its program: its id stays its own
             prog = ins.lower(self, graph)
@@ -488,7 +489,7 @@ def _cache_misses() -> int:
 
 _DISPATCHERS = [
     getattr(m, n)
-    for m in (k, mv, qf, sp, batched, dispatch, il, sh, g3)
+    for m in (k, mv, qf, sp, batched, dispatch, il, pg, sh, g3)
     for n in dir(m)
     if isinstance(getattr(m, n), numba.core.dispatcher.Dispatcher)
 ]

@@ -18,17 +18,16 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from ..._numba import numba
-from ...ops import reference as ref
 from . import kernels as k
 from . import matvec as mv
+from . import matvec_table as mt
 from . import sparse as sp
 from . import sparse_attention as sa
+from . import step_inputs as si
 from .addr import f32_ptr, i64_ptr
+from .cycles import cycle_counter, cycle_rate, cycles
 from .instructions import (
     ADD,
     ATTENTION,
@@ -51,28 +50,8 @@ if TYPE_CHECKING:
 
 njit = numba.njit
 
-# columns of the per-step KV table (one row per layer)
-KV_KEYS, KV_VALS, KV_POS, KV_CAP, KV_RING = range(5)
 # why run_segment returned: the end of the instructions, an exchange of partial sums, a sparse instruction
 END, EXCHANGE, SPARSE = range(3)
-
-
-@intrinsic
-def cycle_counter(typingctx):
-    """The CPU's cycle counter (``llvm.readcyclecounter``: rdtsc on x86)."""
-
-    def codegen(context, b, signature, args):
-        fn = b.module.globals.get("llvm.readcyclecounter") or ir.Function(
-            b.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter"
-        )
-        return b.call(fn, [])
-
-    return types.int64(), codegen
-
-
-@njit(cache=True)
-def cycles():  # pragma: no cover - compiled
-    return cycle_counter()
 
 
 @njit(cache=True)
@@ -102,7 +81,7 @@ def project(wt, c0, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf, parallel)
     else:
         mv.block_sums(x, xs)
     if parallel:
-        return mv.matvec_table(wt, n_w, outs, x, levels, xq, xd, xs, rpt, pf, maxima)
+        return mt.matvec_table(wt, n_w, outs, x, levels, xq, xd, xs, rpt, pf, maxima)
     for j in range(n_w):
         rows = wt[j, mv.W_ROWS]
         step = PF_ROWS if j == 0 and pf[2] > 0 else rows
@@ -111,7 +90,7 @@ def project(wt, c0, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf, parallel)
             r0 = t * step
             mv.rows_at(wt[j], r0, min(rows, r0 + step), x, levels, xq, xd, xs, outs[j], c0[j] + r0)
             if step < rows:
-                mv.prefetch_share(pf, t, n_steps)
+                mt.prefetch_share(pf, t, n_steps)
     return np.int64(0)
 
 
@@ -119,8 +98,8 @@ def project(wt, c0, n_w, x, outs, levels, xq, xd, xs, rpt, maxima, pf, parallel)
 def kv_prefetch_region(kv, layer, width, pos, pf):  # pragma: no cover - compiled
     """Fill ``pf`` with the KV rows a decode attention at ``pos`` reads in ``layer`` (rows 0 .. the slots
     written, ``width`` floats each), their first PREFETCH_MAX / 2 bytes of keys and of values at most."""
-    n = min(kv[layer, KV_CAP], pos) * width * 4
-    pf[0], pf[1], pf[2] = kv[layer, KV_KEYS], kv[layer, KV_VALS], min(n, mv.PREFETCH_MAX // 2)
+    n = min(kv[layer, si.KV_CAP], pos) * width * 4
+    pf[0], pf[1], pf[2] = kv[layer, si.KV_KEYS], kv[layer, si.KV_VALS], min(n, mt.PREFETCH_MAX // 2)
 
 
 @njit(cache=True)
@@ -135,10 +114,10 @@ def kv_append(kv, c, pos, arena, s, n_sh):  # pragma: no cover - compiled
     """Store shard ``s``'s share (of ``n_sh``) of the key and value rows of attention instruction ``c`` in its
     layer's cache slot for ``pos``; returns the layer's keys, values, slot positions, slots in use."""
     kd, layer = c.kv_width, c.layer
-    cap, ring = kv[layer, KV_CAP], kv[layer, KV_RING]
-    keys = numba.carray(f32_ptr(kv[layer, KV_KEYS]), (cap, kd))
-    vals = numba.carray(f32_ptr(kv[layer, KV_VALS]), (cap, kd))
-    kpos = numba.carray(i64_ptr(kv[layer, KV_POS]), (cap,))
+    cap, ring = kv[layer, si.KV_CAP], kv[layer, si.KV_RING]
+    keys = numba.carray(f32_ptr(kv[layer, si.KV_KEYS]), (cap, kd))
+    vals = numba.carray(f32_ptr(kv[layer, si.KV_VALS]), (cap, kd))
+    kpos = numba.carray(i64_ptr(kv[layer, si.KV_POS]), (cap,))
     slot = pos % ring if ring > 0 else pos
     w = kd // n_sh
     keys[slot, s * w : (s + 1) * w] = arena[c.keys_in + s * w : c.keys_in + (s + 1) * w]
@@ -281,7 +260,7 @@ def run_program(code, wts, c0, arenas, norms, token, pos, rope, kv, levels, xq, 
     if why != END or recorded == 0:
         return np.int64(-1), i
     last = code.shape[0] - 1
-    return mv.argmax_of_tasks(wts[0, last], rpt, maxima, recorded, arenas[0, code[last].outs[0] :]), i
+    return mt.argmax_of_tasks(wts[0, last], rpt, maxima, recorded, arenas[0, code[last].outs[0] :]), i
 
 
 @njit(cache=True)
@@ -301,19 +280,8 @@ def run_sparse_instruction(i, code, wts, arena, pos, kv, levels, xq, xd, xs, rpt
     else:  # ATTENTION with blocks
         hd = c.head_dim
         keys, vals, kpos, used = kv_append(kv, c, pos, arena, 0, 1)
-        sa.attend_blocks_one(x[0], keys, vals, kpos, used, kv[c.layer, KV_RING], pos, kk // hd, hd, c.scale,
+        sa.attend_blocks_one(x[0], keys, vals, kpos, used, kv[c.layer, si.KV_RING], pos, kk // hd, hd, c.scale,
                              np.int64(c.window), c.blocks, out[0])  # fmt: skip
-
-
-def runnable(step: Step) -> bool:
-    """Whether a step is what programs run: one sequence, one token, its logits, a float32 host KV cache."""
-    if not (step.n_tokens == 1 and len(step.seqs) == 1 and len(step.logit_rows) == 1):
-        return False
-    layers = getattr(step.seqs[0].cache, "layers", None)
-    return bool(layers) and all(
-        isinstance(getattr(layer, "keys", None), np.ndarray) and layer.keys.dtype == np.float32
-        for layer in layers
-    )
 
 
 def execute(
@@ -323,13 +291,13 @@ def execute(
     this program) and, with ``argmax``, their argmax found by the LM head's own tasks (-1 where they could not:
     see :func:`.matvec.argmax_of_tasks`; a cold np.argmax over the vocabulary's logits costs more:
     docs/backend-cpu.md#the-lm-head)."""
-    pos, kv, rope, maxima = step_inputs(b, prog, step, argmax)
+    pos, kv, rope, maxima = si.read(b, prog, step, argmax)
     spans = np.zeros((2, 1, len(prog.ops) if observer is not None else 0), np.int64)
     t0 = time.perf_counter()
     token = run_whole(b, prog, 0, int(step.tokens[0]), pos, rope, kv, maxima, spans)
     if observer is not None:
         report(observer, step, prog.ops, t0, spans[0, 0])
-    return step_done(prog, step, pos), token
+    return si.step_done(prog, step, pos), token
 
 
 def run_whole(b: CpuBackend, prog: Program, first: int, token: int, pos: int, rope, kv, maxima, spans) -> int:
@@ -356,79 +324,3 @@ def report(observer: OpObserver, step: Step, ops: list, t0: float, took: np.ndar
     for op, c in zip(ops, took, strict=True):
         observer.on_op(op, step, at, c / per_s, None)
         at += c / per_s
-
-
-def step_inputs(b: CpuBackend, prog: Program, step: Step, argmax: bool) -> tuple:
-    """What a run of ``prog`` for ``step`` reads besides the program: the position, the per-layer KV table,
-    the rope rows and the LM head's per-task maxima buffer (empty: no argmax wanted)."""
-    pos = int(step.positions[0])
-    kv = _kv_table(prog, step.seqs[0].cache, pos)
-    maxima = _maxima(prog, b.rows_per_task) if argmax else mv.NO_MAXIMA
-    return pos, kv, _rope_rows(prog, pos), maxima
-
-
-def step_done(prog: Program, step: Step, pos: int) -> np.ndarray:
-    """Mark the token at ``pos`` cached; the logits in the program's arena (a view)."""
-    step.seqs[0].cache.length = pos + 1
-    return prog.arena[prog.out_offset : prog.out_offset + prog.out_cols].reshape(1, -1)
-
-
-def _maxima(prog: Program, rpt: int) -> np.ndarray:
-    """The buffer for the per-task maxima of the program's last projection (one float per task)."""
-    if prog.maxima is None:
-        _, starts, _ = mv.table_tasks(prog.wts[0, -1], 1, rpt)
-        prog.maxima = np.empty(int(starts[1]), np.float32)
-    return prog.maxima
-
-
-ROPE_CHUNK = 256  # positions whose rope rows are computed at once
-
-
-def _kv_table(prog: Program, cache, pos: int) -> np.ndarray:
-    """The per-layer KV addresses for a token at ``pos``, rebuilt only when a layer's buffers were replaced
-    or need room (rebuilding took ~170 us, 1% of a decode step)."""
-    held = prog.kv_held
-    if held and held[0] is cache and pos < held[2] and all(a.pos is p for a, p in zip(cache.layers, held[1])):
-        return held[3]
-    kv = np.empty((len(cache.layers), 5), np.int64)
-    for i, layer in enumerate(cache.layers):
-        layer.reserve(pos + 1)
-        kv[i] = (
-            layer.keys.ctypes.data,
-            layer.values.ctypes.data,
-            layer.pos.ctypes.data,
-            layer.capacity,
-            layer.ring,
-        )
-    room = min((a.capacity for a in cache.layers if not a.window), default=cache.max_len)
-    prog.kv_held = (cache, [a.pos for a in cache.layers], room, kv)
-    return kv
-
-
-def _rope_rows(prog: Program, pos: int) -> np.ndarray:
-    """cos and sin of ``pos`` for each rope key, (keys, 2, head_dim), from tables of ROPE_CHUNK positions
-    (the same reference function, computed once per chunk instead of once per token)."""
-    first = pos - pos % ROPE_CHUNK
-    if not prog.rope_chunk or prog.rope_chunk[0] != first:
-        positions = np.arange(first, first + ROPE_CHUNK, dtype=np.int32)
-        prog.rope_chunk = (first, [ref.rope_tables(positions, *key) for key in prog.rope_keys])
-    rope = np.empty(
-        (max(1, len(prog.rope_keys)), 2, max((key[0] for key in prog.rope_keys), default=1)), np.float32
-    )
-    for t, (cos, sin) in enumerate(prog.rope_chunk[1]):
-        rope[t, 0, : cos.shape[1]], rope[t, 1, : sin.shape[1]] = cos[pos - first], sin[pos - first]
-    return rope
-
-
-_RATE: list[float] = []
-
-
-def cycle_rate() -> float:
-    """Cycle-counter ticks per second, measured once against ``time.perf_counter`` over 20 ms."""
-    if not _RATE:
-        cycles()
-        t0, c0 = time.perf_counter(), cycles()
-        while time.perf_counter() - t0 < 0.02:
-            pass
-        _RATE.append((cycles() - c0) / (time.perf_counter() - t0))
-    return _RATE[0]

@@ -36,6 +36,8 @@ from ..._numba import numba
 from . import instructions as ins
 from . import matvec as mv
 from . import program as pg
+from . import step_inputs as si
+from .cycles import cycle_counter
 from .simd import R16_FMTS
 
 if TYPE_CHECKING:
@@ -92,14 +94,14 @@ def _barrier(flags, s, n_shards, epoch):  # pragma: no cover - compiled
     """Shard ``s`` reaches barrier ``epoch`` and waits for the others; False when one did not come within
     SPIN_LIMIT ticks or another shard gave up (its flag ``flags[n_shards * LINE]`` set)."""
     _store_release(flags, s * LINE, epoch)
-    t0 = pg.cycle_counter()
+    t0 = cycle_counter()
     for o in range(n_shards):
         spins = 0
         while _load_acquire(flags, o * LINE) < epoch:
             _pause()
             spins += 1
             if spins % 1024 == 0 and (
-                _load_acquire(flags, n_shards * LINE) != 0 or pg.cycle_counter() - t0 > SPIN_LIMIT
+                _load_acquire(flags, n_shards * LINE) != 0 or cycle_counter() - t0 > SPIN_LIMIT
             ):
                 _store_release(flags, n_shards * LINE, 1)
                 return False
@@ -127,11 +129,11 @@ def run_shards(threaded, code, wts, c0, arenas, parts, norms, token, pos, rope, 
                                          kv, levels, xq, xd, xs, rpt, maxima, spans)  # fmt: skip
                 if i < end:
                     epoch += 1
-                    t0 = pg.cycle_counter()
+                    t0 = cycle_counter()
                     if not _barrier(flags, s, n_sh, epoch):
                         break
                     if spans.shape[2] > 0:
-                        spans[1, s, i] += pg.cycle_counter() - t0
+                        spans[1, s, i] += cycle_counter() - t0
                     resume = True
         return _load_acquire(flags, n_sh * LINE) == 0
     i, resume, epoch = np.int64(0), n_sh < 0, np.int64(0)
@@ -301,7 +303,7 @@ def execute(
 ) -> tuple[np.ndarray, int]:
     """:func:`.program.execute` for a program with a shard plan: the body in shards, then the LM head."""
     sh = prog.shards
-    pos, kv, rope, maxima = pg.step_inputs(b, prog, step, argmax)
+    pos, kv, rope, maxima = si.read(b, prog, step, argmax)
     n = len(prog.code) - 1
     spans = np.zeros((2, sh.n_shards, n if observer is not None else 0), np.int64)
     head = np.zeros((2, 1, 1 if observer is not None else 0), np.int64)
@@ -322,4 +324,4 @@ def execute(
         pg.report(observer, step, prog.ops[:n], t0, took)
         sh.spans = spans
         pg.report(observer, step, prog.ops[n:], t1, head[0, 0])
-    return pg.step_done(prog, step, pos), token
+    return si.step_done(prog, step, pos), token
