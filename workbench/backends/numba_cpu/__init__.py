@@ -10,7 +10,6 @@ How kernels are chosen, the tunables and what was measured: docs/backend-cpu.md.
 
 from __future__ import annotations
 
-import itertools
 import time
 import warnings
 from typing import Any
@@ -36,6 +35,7 @@ from . import kernels as k
 from . import layouts as ly
 from . import matvec as mv
 from . import program as pg
+from . import projection as pj
 from . import qformats as qf
 from . import shards as sh
 from . import sparse as sp
@@ -46,10 +46,6 @@ from .handlers import HANDLERS
 from .weights import CpuWeight
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
-
-
-_EMPTY_W = np.zeros((0, 1), np.uint8)
-_EMPTY_O = np.zeros((1, 0), np.float32)
 
 
 class CpuBackend(Backend):
@@ -149,7 +145,9 @@ class CpuBackend(Backend):
             raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")
         self.small_rows = max(gemv_max_rows, self.batch_rows)  # steps up to this many rows avoid BLAS
         self.dense_budget = dense_cache_mib << 20
-        self._dense: dict[str, np.ndarray] = {}
+        self.dense: dict[
+            str, np.ndarray
+        ] = {}  # float32 copies of weights for prefill's GEMMs (projection.py)
         self._graphs: dict[int, Graph] = {}
         self._programs: dict[int, tuple[Graph, ins.Program | None]] = {}
         # (weight, shards, shard) -> (weight-table row, array): a shard's columns copied (shards.py)
@@ -282,7 +280,7 @@ class CpuBackend(Backend):
         return op.kind in HANDLERS
 
     def close(self) -> None:
-        self._dense.clear()
+        self.dense.clear()
 
     # -- execution -------------------------------------------------------------------------------------
     def run(self, graph: Graph, step: Step, observer: OpObserver | None = None) -> np.ndarray:
@@ -357,94 +355,11 @@ class CpuBackend(Backend):
 
     def project(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         """``x @ W.T`` for each weight: fused matvec for few rows, dequantized BLAS GEMM for many."""
-        return self.project_weights(x, [self.weights[n] for n in names])
+        return pj.project(self, x, [self.weights[n] for n in names])
 
     def project_weights(self, x: np.ndarray, ws: list) -> list[np.ndarray]:
         """:meth:`project` for weight objects (also row subsets that have no name in ``self.weights``)."""
-        if any(w.fmt == qf.PLANAR_FMT for w in ws):
-            return qf.project(self, x, ws)
-        if self.batch_min_rows <= x.shape[0] <= self.batch_rows and all(w.fmt >= 0 for w in ws):
-            return self._project_rows(x, ws)
-        if any(w.fmt < 0 for w in ws) or (x.shape[0] > self.gemv_max_rows and len(ws) == 1):
-            return [self._gemm(x, w) for w in ws]
-        if x.shape[0] > self.gemv_max_rows:
-            return self._gemm_stacked(x, ws)
-        outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
-        levels = ACT_QUANT[self.act_quant]
-        xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-        if levels:
-            xq = mv.act_codes(x.shape[0], x.shape[1], self.vnni)
-            xd = np.empty_like(xs)
-            mv.quantize_rows_i16(x, levels, xq, xd, xs)
-        else:
-            mv.block_sums(x, xs)
-        for i in range(0, len(ws), 3):
-            slots: list[Any] = []
-            for j in range(3):
-                w = ws[i + j] if i + j < len(ws) else None
-                slots += [w.fmt, w.data, w.n_units, outs[i + j]] if w else [0, _EMPTY_W, 0, _EMPTY_O]
-            if levels:
-                mv.matvec3_i16(*slots, xq, xd, xs, self.rows_per_task)
-            else:
-                mv.matvec3_f32(*slots, x, xs, self.rows_per_task)
-        return outs
-
-    def _project_rows(self, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
-        """Each weight block decoded once for all rows of ``x`` (batched decode, verification)."""
-        n = x.shape[0]
-        xp = np.zeros((batched.pad_rows(n), x.shape[1]), np.float32)
-        xp[:n] = x
-        if self.levels:
-            xq, xd = np.empty(xp.shape, np.int16), np.empty((len(xp), x.shape[1] // 32), np.float32)
-            xs = np.empty_like(xd)
-            mv.quantize_rows_i16(xp, self.levels, xq, xd, xs)
-        outs = [np.empty((len(xp), w.rows), np.float32) for w in ws]
-        for i in range(0, len(ws), 3):
-            slots: list[Any] = []
-            for j in range(3):
-                w = ws[i + j] if i + j < len(ws) else None
-                slots += [w.fmt, w.data, w.n_units, outs[i + j]] if w else [0, _EMPTY_W, 0, _EMPTY_O]
-            if self.levels:
-                batched.matmul_rows3_i16(*slots, xq, xd, xs, self.rows_per_task)
-            else:
-                batched.matmul_rows3(*slots, xp, self.rows_per_task)
-        return [o[:n] for o in outs]
-
-    def _gemm_stacked(self, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
-        """Several quantized weights of one input (QKV; gate and up) in one BLAS call on their float32 rows
-        stacked in the dense cache: one thread-pool wake-up instead of one per weight, a wider product."""
-        key = "+".join(w.name for w in ws)
-        dense = self._dense.get(key)
-        bounds = list(itertools.accumulate((w.rows for w in ws), initial=0))
-        if dense is None and self._dense_held() + 4 * bounds[-1] * x.shape[1] <= self.dense_budget:
-            dense = self._dense[key] = np.empty((bounds[-1], x.shape[1]), np.float32)
-            for w, r0 in zip(ws, bounds, strict=False):
-                w.dequantize_into(0, dense[r0 : r0 + w.rows])
-        if dense is None:
-            return [self._gemm(x, w) for w in ws]
-        y = x @ dense.T
-        return [np.ascontiguousarray(y[:, r0:r1]) for r0, r1 in itertools.pairwise(bounds)]
-
-    def _dense_held(self) -> int:
-        return sum(a.nbytes for a in self._dense.values())
-
-    def _gemm(self, x: np.ndarray, w: CpuWeight) -> np.ndarray:
-        if w.fmt < 0:
-            return x @ w.data.T
-        dense = self._dense.get(w.name)
-        if dense is None and self._dense_held() + 4 * w.rows * x.shape[1] <= self.dense_budget:
-            dense = self._dense[w.name] = np.empty((w.rows, x.shape[1]), np.float32)
-            w.dequantize_into(0, dense)
-        if dense is not None:
-            return x @ dense.T
-        out = np.empty((x.shape[0], w.rows), np.float32)
-        tile_rows = max(64, (8 << 20) // (4 * x.shape[1]))
-        tile = np.empty((tile_rows, x.shape[1]), np.float32)
-        for r0 in range(0, w.rows, tile_rows):
-            n = min(tile_rows, w.rows - r0)
-            w.dequantize_into(r0, tile[:n])
-            np.matmul(x, tile[:n].T, out=out[:, r0 : r0 + n])
-        return out
+        return pj.project(self, x, ws)
 
     def rope_tables(self, op: Op, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = op.attrs

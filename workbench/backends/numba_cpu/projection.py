@@ -1,0 +1,118 @@
+"""``x @ W.T`` for a step's rows and the cpu backend's weights, by the step's rows (docs/backend-cpu.md, the
+projections table): up to ``gemv_max_rows`` rows the one-row decode kernels for each row; ``batch_min_rows`` to
+``batch_rows`` rows the batched kernels (each weight block decoded once per 8 rows); more rows a BLAS GEMM on
+the weights dequantized to float32 (kept in the backend's dense cache while they fit in ``dense_cache_mib``,
+else tile by tile)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import batched
+from . import matvec as mv
+from . import qformats as qf
+from .weights import CpuWeight
+
+if TYPE_CHECKING:
+    from . import CpuBackend
+
+_EMPTY_W = np.zeros((0, 1), np.uint8)
+_EMPTY_O = np.zeros((1, 0), np.float32)
+
+
+def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
+    """``x @ W.T`` for each weight object of ``ws`` (weights of the backend, or row subsets of them)."""
+    if any(w.fmt == qf.PLANAR_FMT for w in ws):
+        return qf.project(b, x, ws)
+    if b.batch_min_rows <= x.shape[0] <= b.batch_rows and all(w.fmt >= 0 for w in ws):
+        return _project_rows(b, x, ws)
+    if any(w.fmt < 0 for w in ws) or (x.shape[0] > b.gemv_max_rows and len(ws) == 1):
+        return [_gemm(b, x, w) for w in ws]
+    if x.shape[0] > b.gemv_max_rows:
+        return _gemm_stacked(b, x, ws)
+    outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
+    xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    if b.levels:
+        xq = mv.act_codes(x.shape[0], x.shape[1], b.vnni)
+        xd = np.empty_like(xs)
+        mv.quantize_rows_i16(x, b.levels, xq, xd, xs)
+    else:
+        mv.block_sums(x, xs)
+    for i in range(0, len(ws), 3):
+        slots = _slots(ws[i : i + 3], outs[i : i + 3])
+        if b.levels:
+            mv.matvec3_i16(*slots, xq, xd, xs, b.rows_per_task)
+        else:
+            mv.matvec3_f32(*slots, x, xs, b.rows_per_task)
+    return outs
+
+
+def _slots(ws: list, outs: list) -> list[Any]:
+    """The (format, data, units, output) arguments of up to three weights, unused slots empty."""
+    slots: list[Any] = []
+    for j in range(3):
+        slots += (
+            [ws[j].fmt, ws[j].data, ws[j].n_units, outs[j]] if j < len(ws) else [0, _EMPTY_W, 0, _EMPTY_O]
+        )
+    return slots
+
+
+def _project_rows(b: CpuBackend, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
+    """Each weight block decoded once for all rows of ``x`` (batched decode, verification)."""
+    n = x.shape[0]
+    xp = np.zeros((batched.pad_rows(n), x.shape[1]), np.float32)
+    xp[:n] = x
+    if b.levels:
+        xq, xd = np.empty(xp.shape, np.int16), np.empty((len(xp), x.shape[1] // 32), np.float32)
+        xs = np.empty_like(xd)
+        mv.quantize_rows_i16(xp, b.levels, xq, xd, xs)
+    outs = [np.empty((len(xp), w.rows), np.float32) for w in ws]
+    for i in range(0, len(ws), 3):
+        slots = _slots(ws[i : i + 3], outs[i : i + 3])
+        if b.levels:
+            batched.matmul_rows3_i16(*slots, xq, xd, xs, b.rows_per_task)
+        else:
+            batched.matmul_rows3(*slots, xp, b.rows_per_task)
+    return [o[:n] for o in outs]
+
+
+def _gemm_stacked(b: CpuBackend, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
+    """Several quantized weights of one input (QKV; gate and up) in one BLAS call on their float32 rows
+    stacked in the dense cache: one thread-pool wake-up instead of one per weight, a wider product."""
+    key = "+".join(w.name for w in ws)
+    dense = b.dense.get(key)
+    bounds = list(itertools.accumulate((w.rows for w in ws), initial=0))
+    if dense is None and _dense_held(b) + 4 * bounds[-1] * x.shape[1] <= b.dense_budget:
+        dense = b.dense[key] = np.empty((bounds[-1], x.shape[1]), np.float32)
+        for w, r0 in zip(ws, bounds, strict=False):
+            w.dequantize_into(0, dense[r0 : r0 + w.rows])
+    if dense is None:
+        return [_gemm(b, x, w) for w in ws]
+    y = x @ dense.T
+    return [np.ascontiguousarray(y[:, r0:r1]) for r0, r1 in itertools.pairwise(bounds)]
+
+
+def _dense_held(b: CpuBackend) -> int:
+    return sum(a.nbytes for a in b.dense.values())
+
+
+def _gemm(b: CpuBackend, x: np.ndarray, w: CpuWeight) -> np.ndarray:
+    if w.fmt < 0:
+        return x @ w.data.T
+    dense = b.dense.get(w.name)
+    if dense is None and _dense_held(b) + 4 * w.rows * x.shape[1] <= b.dense_budget:
+        dense = b.dense[w.name] = np.empty((w.rows, x.shape[1]), np.float32)
+        w.dequantize_into(0, dense)
+    if dense is not None:
+        return x @ dense.T
+    out = np.empty((x.shape[0], w.rows), np.float32)
+    tile_rows = max(64, (8 << 20) // (4 * x.shape[1]))
+    tile = np.empty((tile_rows, x.shape[1]), np.float32)
+    for r0 in range(0, w.rows, tile_rows):
+        n = min(tile_rows, w.rows - r0)
+        w.dequantize_into(r0, tile[:n])
+        np.matmul(x, tile[:n].T, out=out[:, r0 : r0 + n])
+    return out
