@@ -108,10 +108,7 @@ def time_group(ws: list, act: str, repeats: int, rpt: int, vnni: bool) -> tuple[
     def one_pass() -> None:
         for w, o in zip(ws, outs, strict=True):
             x, xq, xd, xsum = prepared[w.cols]
-            if levels:
-                mv.matvec_i16(w.fmt, w.data, w.n_units, xq, xd, xsum, o, rpt)
-            else:
-                mv.matvec_f32(w.fmt, w.data, w.n_units, x, xsum, o, rpt)
+            mv.matvec(w.fmt, w.data, w.n_units, x, levels, xq, xd, xsum, o, rpt)
 
     times = timed(one_pass, repeats)
     return min(times), statistics.median(times)

@@ -42,9 +42,9 @@ def _check_matvec(qtype: GGMLType, raw: np.ndarray, cols: int, x: np.ndarray) ->
     out = np.empty_like(want)
     xs = np.empty((x.shape[0], cols // 32), np.float32)
     mv.block_sums(x, xs)
-    mv.matvec_f32(int(qtype), raw, n_units, x, xs, out)
+    mv.matvec(int(qtype), raw, n_units, x, 0, mv.NO_CODES, mv.NO_FLOATS, xs, out)
     assert np.abs(out - want).max() <= 2e-6 * scale
-    mv.matvec_i16(int(qtype), raw, n_units, *_quantized_activations(x, 32767), out)
+    mv.matvec(int(qtype), raw, n_units, x, 32767, *_quantized_activations(x, 32767), out)
     assert np.abs(out - want).max() <= 2e-4 * scale
     dense = np.empty((raw.shape[0], cols), np.float32)
     mv.dequantize_rows(int(qtype), raw, n_units, 0, dense)

@@ -70,13 +70,13 @@ def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, units, t, 
     scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
     xq, xd, xs = _quantized(x)
     got, native = np.empty((t, rows), np.float32), np.empty((t, rows), np.float32)
-    mv.matvec_i16(fmt, packed, blocks, xq, xd, xs, got)
-    mv.matvec_i16(int(qtype), raw, blocks, xq, xd, xs, native)
+    mv.matvec(fmt, packed, blocks, x, 32767, xq, xd, xs, got)
+    mv.matvec(int(qtype), raw, blocks, x, 32767, xq, xd, xs, native)
     assert np.abs(got - native).max() <= 1e-6 * scale
     assert np.abs(got - x @ w.T).max() <= 2e-4 * scale
     for rpt in (1, 5, 24):  # tasks of rows not a multiple of 16 run whole groups: the same results
         tasks = np.empty_like(got)
-        mv.matvec_i16(fmt, packed, blocks, xq, xd, xs, tasks, rpt)
+        mv.matvec(fmt, packed, blocks, x, 32767, xq, xd, xs, tasks, rpt)
         np.testing.assert_array_equal(tasks, got)
     for r0, r1 in ((0, rows), (3, rows - 2), (5, 6), (17, min(rows, 40))):  # ranges cutting groups
         if r0 < r1:
@@ -89,16 +89,15 @@ def test_interleaved_kernels_compute_the_gguf_weights(layout, groups, units, t, 
     xp = np.zeros((rk.pad_rows(t), cols), np.float32)
     xp[:t] = x
     bq, bd, bs = _quantized(xp)
-    rk.matmul_rows3_i16(
-        fmt, packed, blocks, batched, 0, EMPTY_W, 0, EMPTY_O, 0, EMPTY_W, 0, EMPTY_O, bq, bd, bs, 16
-    )
+    free = (0, EMPTY_W, 0, EMPTY_O, 0, EMPTY_W, 0, EMPTY_O)  # the unused slots
+    rk.matmul_rows3(fmt, packed, blocks, batched, *free, xp, 32767, bq, bd, bs, 16)
     np.testing.assert_array_equal(batched[:t], got)
 
     exact = np.empty_like(got)
     mv.block_sums(x, xs)
-    mv.matvec_f32(fmt, packed, blocks, x, xs, exact)
+    mv.matvec(fmt, packed, blocks, x, 0, mv.NO_CODES, mv.NO_FLOATS, xs, exact)
     assert np.abs(exact - x @ w.T).max() <= 2e-6 * scale
-    rk.matmul_rows3(fmt, packed, blocks, batched, 0, EMPTY_W, 0, EMPTY_O, 0, EMPTY_W, 0, EMPTY_O, xp, 16)
+    rk.matmul_rows3(fmt, packed, blocks, batched, *free, xp, 0, mv.NO_CODES, mv.NO_FLOATS, mv.NO_FLOATS, 16)
     np.testing.assert_array_equal(batched[:t], exact)
 
 

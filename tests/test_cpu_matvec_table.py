@@ -52,12 +52,12 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
     for w, o in zip(weights, outs, strict=True):
         want = np.empty_like(o)
-        mv.matvec_i16(Q8_0, w, cols // 32, xq, xd, xs, want)
+        mv.matvec(Q8_0, w, cols // 32, x, 32767, xq, xd, xs, want)
         np.testing.assert_array_equal(o, want)
     mv.block_sums(x, xs)
     for j, w in enumerate(weights):
         want = np.empty((1, w.shape[0]), np.float32)
-        mv.matvec_f32(Q8_0, w, cols // 32, x, xs, want)
+        mv.matvec(Q8_0, w, cols // 32, x, 0, xq, xd, xs, want)
         np.testing.assert_array_equal(floats[j], want)
 
 

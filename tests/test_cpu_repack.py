@@ -66,14 +66,14 @@ def test_repacked_layout_kernels_compute_the_gguf_weights(layout, rows, units, t
     out = np.empty_like(want)
     xs = np.empty((t, cols // 32), np.float32)
     mv.block_sums(x, xs)
-    mv.matvec_f32(fmt, packed, units, x, xs, out)
+    mv.matvec(fmt, packed, units, x, 0, mv.NO_CODES, mv.NO_FLOATS, xs, out)
     assert np.abs(out - want).max() <= 2e-6 * scale
     xq, xd = np.empty(x.shape, np.int16), np.empty_like(xs)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
-    mv.matvec_i16(fmt, packed, units, xq, xd, xs, out)
+    mv.matvec(fmt, packed, units, x, 32767, xq, xd, xs, out)
     assert np.abs(out - want).max() <= 2e-4 * scale
     native = np.empty_like(out)
-    mv.matvec_i16(int(qtype), raw, units * gguf_units, xq, xd, xs, native)
+    mv.matvec(int(qtype), raw, units * gguf_units, x, 32767, xq, xd, xs, native)
     assert np.abs(out - native).max() <= 1e-6 * scale
     xp = np.zeros((rk.pad_rows(t), cols), np.float32)
     xp[:t] = x
@@ -81,7 +81,8 @@ def test_repacked_layout_kernels_compute_the_gguf_weights(layout, rows, units, t
     for f, data, u in ((fmt, packed, units), (int(qtype), raw, units * gguf_units)):
         o = np.empty((len(xp), rows), np.float32)
         empty_w, empty_o = np.zeros((0, 1), np.uint8), np.zeros((1, 0), np.float32)
-        rk.matmul_rows3(f, data, u, o, 0, empty_w, 0, empty_o, 0, empty_w, 0, empty_o, xp, 16)
+        no_codes = (mv.NO_CODES, mv.NO_FLOATS, mv.NO_FLOATS)
+        rk.matmul_rows3(f, data, u, o, 0, empty_w, 0, empty_o, 0, empty_w, 0, empty_o, xp, 0, *no_codes, 16)
         batched.append(o[:t])
     np.testing.assert_array_equal(batched[0], batched[1])
     assert np.abs(batched[0] - want).max() <= 2e-6 * scale
@@ -126,8 +127,8 @@ def test_q5_0_x4_int16_kernel_on_real_tensors(default_model):
         xs = np.empty_like(xd)
         mv.quantize_rows_i16(x, 32767, xq, xd, xs)
         got, native = np.empty((1, len(raw)), np.float32), np.empty((1, len(raw)), np.float32)
-        mv.matvec_i16(mv.Q5_0_X4, q5_0_to_x4(raw), qt.cols // 128, xq, xd, xs, got)
-        mv.matvec_i16(int(GGMLType.Q5_0), raw, qt.cols // 32, xq, xd, xs, native)
+        mv.matvec(mv.Q5_0_X4, q5_0_to_x4(raw), qt.cols // 128, x, 32767, xq, xd, xs, got)
+        mv.matvec(int(GGMLType.Q5_0), raw, qt.cols // 32, x, 32767, xq, xd, xs, native)
         scale = np.abs(w).sum(axis=1).max() * np.abs(x).max()
         assert np.abs(got - x @ w.T).max() <= 2e-4 * scale
         assert np.abs(got - native).max() <= 2e-6 * scale

@@ -29,7 +29,7 @@ def _quantized(x: np.ndarray):
 def _batched(fmt: int, data: np.ndarray, units: int, x: np.ndarray) -> np.ndarray:
     out = np.empty((len(x), data.shape[0]), np.float32)
     args = (_EMPTY_W, 0, _EMPTY_O)
-    rk.matmul_rows3_i16(fmt, data, units, out, 0, *args, 0, *args, *_quantized(x), 16)
+    rk.matmul_rows3(fmt, data, units, out, 0, *args, 0, *args, x, 32767, *_quantized(x), 16)
     return out
 
 
@@ -60,7 +60,7 @@ def test_batched_int16_rows_match_the_weights_and_do_not_depend_on_the_batch(
     scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
     assert np.abs(got[:t] - x[:t] @ w.T).max() <= 2e-4 * scale
     single = np.empty_like(got)
-    mv.matvec_i16(fmt, data, units, *_quantized(x), single)
+    mv.matvec(fmt, data, units, x, 32767, *_quantized(x), single)
     assert np.abs(got - single).max() <= 1e-6 * scale
     other = np.zeros((16, cols), np.float32)
     other[:] = rng.standard_normal((16, cols))

@@ -112,16 +112,27 @@ def block_sums(x, xs):  # pragma: no cover - compiled
 ROWS_PER_TASK = 16  # default rows per parallel task (tunable ``rows_per_task``: the CPU's "workgroup size")
 
 
+# stand-ins for the activation arrays a call does not read (the kernels below and .batched.matmul_rows3 take
+# both the exact floats and the int16 codes, and read those ``levels`` picks): a float call's codes and
+# scales, an int16 call's floats
+NO_CODES, NO_FLOATS = np.zeros((1, 0), np.int16), np.zeros((1, 0), np.float32)
+
+
 @njit(cache=True)
-def _rows_i16(fmt, w, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
-    """out[t, c0 + i] = row r0 + i of w . activation row t, for rows r0..r1 and every activation row."""
-    rows_i16_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, xq, xd, xs, out, c0)
+def _rows(fmt, w, n_units, r0, r1, x, levels, xq, xd, xs, out, c0):  # pragma: no cover - compiled
+    """out[t, c0 + i] = row r0 + i of w . activation row t, for rows r0..r1 and every activation row: int16
+    (int8) codes ``xq``/``xd``/``xs`` where ``levels`` > 0, else the exact floats ``x`` (block sums ``xs``)."""
+    wa, rb = w.ctypes.data, w.shape[1]
+    if levels > 0:
+        rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0)
+    else:
+        rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0)
 
 
 @njit(cache=True)
 def rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0):  # pragma: no cover - compiled
-    """:func:`_rows_i16` for a weight given by its address ``wa`` and row bytes ``rb``; an int8 ``xq``
-    (:func:`act_codes`) runs the VNNI kernels where the format has one."""
+    """out[t, c0 + i] = row r0 + i . int16 activation row t for rows r0..r1 of the weight at address ``wa``
+    (``rb`` bytes a row); an int8 ``xq`` (:func:`act_codes`) runs the VNNI kernels where the format has one."""
     if fmt in R16_FMTS:
         r16_rows_i16(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0)
         return
@@ -147,11 +158,6 @@ def rows_i8(fmt, wa, rb, n_units, r0, r1, q, d, s, out, c0):  # pragma: no cover
         V8_Q8_0_VALUES if fmt == Q8_0 else V8_X4_VALUES if fmt == Q5_0_X4 else V8_K_VALUES
     )
     return dot_rows_i8(fmt, wa, rb, n_units, r0, r1, q8, d, s, out, c0)
-
-
-@njit(cache=True)
-def _rows_f32(fmt, w, n_units, r0, r1, x, xs, out, c0):  # pragma: no cover - compiled
-    rows_f32_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, x, xs, out, c0)
 
 
 @njit(cache=True)
@@ -215,20 +221,22 @@ def task_size(fmt, rpt):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True)
-def matvec_i16(fmt, w, n_units, xq, xd, xs, out, rpt=ROWS_PER_TASK):  # pragma: no cover - compiled
-    """out[t, n] = dot(row n of w, activation row t), activations int16-quantized per 32-block."""
+def matvec(fmt, w, n_units, x, levels, xq, xd, xs, out, rpt=ROWS_PER_TASK):  # pragma: no cover - compiled
+    """out[t, n] = dot(row n of w, activation row t), activations as :func:`_rows` takes them, in parallel
+    tasks of rows."""
     n = w.shape[0]
     rpt = task_size(fmt, rpt)
     for i in prange(task_count(n, rpt)):
         r0 = i * rpt
-        _rows_i16(fmt, w, n_units, r0, min(n, r0 + rpt), xq, xd, xs, out, r0)
+        _rows(fmt, w, n_units, r0, min(n, r0 + rpt), x, levels, xq, xd, xs, out, r0)
 
 
 @njit(parallel=True, cache=True)
-def matvec3_i16(
-    f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, xq, xd, xs, rpt
+def matvec3(
+    f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, x, levels, xq, xd, xs, rpt
 ):  # pragma: no cover - compiled
-    """Up to three projections of the same activations in one parallel loop (QKV; gate and up).
+    """Up to three projections of the same activations (as :func:`_rows` takes them) in one parallel loop
+    (QKV; gate and up): one wake-up of the threads instead of three.
 
     Unused slots pass weights with zero rows."""
     p0, p1, p2 = task_size(f0, rpt), task_size(f1, rpt), task_size(f2, rpt)
@@ -236,38 +244,13 @@ def matvec3_i16(
     for i in prange(t0 + t1 + task_count(w2.shape[0], p2)):
         if i < t0:
             r0 = i * p0
-            _rows_i16(f0, w0, u0, r0, min(w0.shape[0], r0 + p0), xq, xd, xs, o0, r0)
+            _rows(f0, w0, u0, r0, min(w0.shape[0], r0 + p0), x, levels, xq, xd, xs, o0, r0)
         elif i < t0 + t1:
             r0 = (i - t0) * p1
-            _rows_i16(f1, w1, u1, r0, min(w1.shape[0], r0 + p1), xq, xd, xs, o1, r0)
+            _rows(f1, w1, u1, r0, min(w1.shape[0], r0 + p1), x, levels, xq, xd, xs, o1, r0)
         else:
             r0 = (i - t0 - t1) * p2
-            _rows_i16(f2, w2, u2, r0, min(w2.shape[0], r0 + p2), xq, xd, xs, o2, r0)
-
-
-@njit(parallel=True, cache=True)
-def matvec_f32(fmt, w, n_units, x, xs, out, rpt=ROWS_PER_TASK):  # pragma: no cover - compiled
-    """out[t, n] = dot(row n of w, x[t]) with exact float activations."""
-    n = w.shape[0]
-    for i in prange(task_count(n, rpt)):
-        r0 = i * rpt
-        _rows_f32(fmt, w, n_units, r0, min(n, r0 + rpt), x, xs, out, r0)
-
-
-@njit(parallel=True, cache=True)
-def matvec3_f32(f0, w0, u0, o0, f1, w1, u1, o1, f2, w2, u2, o2, x, xs, rpt):  # pragma: no cover - compiled
-    """The exact-float twin of :func:`matvec3_i16`."""
-    t0, t1 = task_count(w0.shape[0], rpt), task_count(w1.shape[0], rpt)
-    for i in prange(t0 + t1 + task_count(w2.shape[0], rpt)):
-        if i < t0:
-            r0 = i * rpt
-            _rows_f32(f0, w0, u0, r0, min(w0.shape[0], r0 + rpt), x, xs, o0, r0)
-        elif i < t0 + t1:
-            r0 = (i - t0) * rpt
-            _rows_f32(f1, w1, u1, r0, min(w1.shape[0], r0 + rpt), x, xs, o1, r0)
-        else:
-            r0 = (i - t0 - t1) * rpt
-            _rows_f32(f2, w2, u2, r0, min(w2.shape[0], r0 + rpt), x, xs, o2, r0)
+            _rows(f2, w2, u2, r0, min(w2.shape[0], r0 + p2), x, levels, xq, xd, xs, o2, r0)
 
 
 @njit(parallel=True, cache=True)

@@ -35,6 +35,7 @@ def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
         return _gemm_stacked(b, x, ws)
     outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
     xs = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
+    xq, xd = mv.NO_CODES, mv.NO_FLOATS
     if b.levels:
         xq = mv.act_codes(x.shape[0], x.shape[1], b.vnni)
         xd = np.empty_like(xs)
@@ -42,11 +43,7 @@ def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
     else:
         mv.block_sums(x, xs)
     for i in range(0, len(ws), 3):
-        slots = _slots(ws[i : i + 3], outs[i : i + 3])
-        if b.levels:
-            mv.matvec3_i16(*slots, xq, xd, xs, b.rows_per_task)
-        else:
-            mv.matvec3_f32(*slots, x, xs, b.rows_per_task)
+        mv.matvec3(*_slots(ws[i : i + 3], outs[i : i + 3]), x, b.levels, xq, xd, xs, b.rows_per_task)
     return outs
 
 
@@ -65,6 +62,7 @@ def _project_rows(b: CpuBackend, x: np.ndarray, ws: list[CpuWeight]) -> list[np.
     n = x.shape[0]
     xp = np.zeros((batched.pad_rows(n), x.shape[1]), np.float32)
     xp[:n] = x
+    xq, xd, xs = mv.NO_CODES, mv.NO_FLOATS, mv.NO_FLOATS
     if b.levels:
         xq, xd = np.empty(xp.shape, np.int16), np.empty((len(xp), x.shape[1] // 32), np.float32)
         xs = np.empty_like(xd)
@@ -72,10 +70,7 @@ def _project_rows(b: CpuBackend, x: np.ndarray, ws: list[CpuWeight]) -> list[np.
     outs = [np.empty((len(xp), w.rows), np.float32) for w in ws]
     for i in range(0, len(ws), 3):
         slots = _slots(ws[i : i + 3], outs[i : i + 3])
-        if b.levels:
-            batched.matmul_rows3_i16(*slots, xq, xd, xs, b.rows_per_task)
-        else:
-            batched.matmul_rows3(*slots, xp, b.rows_per_task)
+        batched.matmul_rows3(*slots, xp, b.levels, xq, xd, xs, b.rows_per_task)
     return [o[:n] for o in outs]
 
 
