@@ -2,8 +2,8 @@
 
 Every kernel takes the weight as ``uint8`` (rows, bytes per row), exactly as stored in the GGUF file, and
 a small number of activation rows (decode, batched decode, speculative verification); prefill of many
-tokens dequantizes weight tiles and multiplies with BLAS instead (``CpuBackend._gemm``). Which kernel a row
-runs and why: docs/backend-cpu.md#how-the-decode-kernels-are-chosen.
+tokens dequantizes weight tiles and multiplies with BLAS instead (:func:`.projection.gemm`). Which kernel
+a row runs and why: docs/backend-cpu.md#how-the-decode-kernels-are-chosen.
 """
 
 from __future__ import annotations

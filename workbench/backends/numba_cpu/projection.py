@@ -30,7 +30,7 @@ def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
     if b.batch_min_rows <= x.shape[0] <= b.batch_rows and all(w.fmt >= 0 for w in ws):
         return _project_rows(b, x, ws)
     if any(w.fmt < 0 for w in ws) or (x.shape[0] > b.gemv_max_rows and len(ws) == 1):
-        return [_gemm(b, x, w) for w in ws]
+        return [gemm(b, x, w) for w in ws]
     if x.shape[0] > b.gemv_max_rows:
         return _gemm_stacked(b, x, ws)
     outs = [np.empty((x.shape[0], w.rows), np.float32) for w in ws]
@@ -85,7 +85,7 @@ def _gemm_stacked(b: CpuBackend, x: np.ndarray, ws: list[CpuWeight]) -> list[np.
         for w, r0 in zip(ws, bounds, strict=False):
             w.dequantize_into(0, dense[r0 : r0 + w.rows])
     if dense is None:
-        return [_gemm(b, x, w) for w in ws]
+        return [gemm(b, x, w) for w in ws]
     y = x @ dense.T
     return [np.ascontiguousarray(y[:, r0:r1]) for r0, r1 in itertools.pairwise(bounds)]
 
@@ -94,7 +94,8 @@ def _dense_held(b: CpuBackend) -> int:
     return sum(a.nbytes for a in b.dense.values())
 
 
-def _gemm(b: CpuBackend, x: np.ndarray, w: CpuWeight) -> np.ndarray:
+def gemm(b: CpuBackend, x: np.ndarray, w: CpuWeight) -> np.ndarray:
+    """``x @ W.T`` by BLAS on the float32 rows of ``w`` (from the dense cache, else dequantized tile by tile)."""
     if w.fmt < 0:
         return x @ w.data.T
     dense = b.dense.get(w.name)

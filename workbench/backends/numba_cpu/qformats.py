@@ -264,12 +264,14 @@ def cpu_weight(tensor: PlanarTensor):
 
 def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
     """``x @ W.T`` for weights some of which are planar: native matvecs for few rows, BLAS for many."""
+    from .projection import gemm  # here: projection.py imports this module
+
     outs = []
     for w in ws:
         if not isinstance(w, PlanarWeight):
             outs.extend(b.project_weights(x, [w]))
         elif x.shape[0] > b.gemv_max_rows:
-            outs.append(b._gemm(fake_quant_rows_int8(x) if w.format.act8 else x, w))
+            outs.append(gemm(b, fake_quant_rows_int8(x) if w.format.act8 else x, w))
         else:
             outs.append(w.matvec(np.ascontiguousarray(x, np.float32), b.rows_per_task))
     return outs
