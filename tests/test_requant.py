@@ -146,12 +146,12 @@ def test_cpu_act8_matvec_matches_the_oracle_op(tmp_path):
     """+a8: the cpu's integer product equals the oracle's rounded activations times the weights (one op;
     whole-model logits may differ where an upstream float difference flips one rounding)."""
     import workbench as wb
-    from workbench.backends.numba_cpu.qformats import PlanarWeight, project
+    from workbench.backends.numba_cpu.qformats import PlanarWeight
 
     model = requantize(tiny_model(tmp_path, "Q8_0"), "int4-g32-asym+a8", progress=False)
     b = wb.Engine(model, "cpu").backend
     t = model.weights["blk.0.ffn_up.weight"]
     x = RNG.standard_normal((1, t.cols)).astype(np.float32)
-    got = project(b, x, [PlanarWeight(t)])[0]
+    got = b.project_weights(x, [PlanarWeight(t)])[0]
     want = fake_quant_rows_int8(x) @ t.dequantize().T
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

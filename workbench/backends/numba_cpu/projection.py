@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...quant.planar import fake_quant_rows_int8
 from . import batched
 from . import matvec as mv
 from . import qformats as qf
@@ -26,7 +27,7 @@ _EMPTY_O = np.zeros((1, 0), np.float32)
 def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
     """``x @ W.T`` for each weight object of ``ws`` (weights of the backend, or row subsets of them)."""
     if any(w.fmt == qf.PLANAR_FMT for w in ws):
-        return qf.project(b, x, ws)
+        return _project_planar(b, x, ws)
     if b.batch_min_rows <= x.shape[0] <= b.batch_rows and all(w.fmt >= 0 for w in ws):
         return _project_rows(b, x, ws)
     if any(w.fmt < 0 for w in ws) or (x.shape[0] > b.gemv_max_rows and len(ws) == 1):
@@ -44,6 +45,20 @@ def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
         mv.block_sums(x, xs)
     for i in range(0, len(ws), 3):
         mv.matvec3(*_slots(ws[i : i + 3], outs[i : i + 3]), x, b.levels, xq, xd, xs, b.rows_per_task)
+    return outs
+
+
+def _project_planar(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
+    """``x @ W.T`` for weights some of which are planar (:mod:`.qformats`): native matvecs for few rows, BLAS
+    for many (activations fake-quantized to int8 where the format asks)."""
+    outs = []
+    for w in ws:
+        if not isinstance(w, qf.PlanarWeight):
+            outs.extend(project(b, x, [w]))
+        elif x.shape[0] > b.gemv_max_rows:
+            outs.append(gemm(b, fake_quant_rows_int8(x) if w.format.act8 else x, w))
+        else:
+            outs.append(w.matvec(np.ascontiguousarray(x, np.float32), b.rows_per_task))
     return outs
 
 

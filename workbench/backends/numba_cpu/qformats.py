@@ -11,8 +11,6 @@ rows into float32 tiles for BLAS, as the GGUF formats do, with the same per-toke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -20,13 +18,10 @@ from numba.extending import intrinsic
 
 from ..._numba import numba
 from ...quant.formats import GGMLType
-from ...quant.planar import PlanarFormat, PlanarTensor, fake_quant_rows_int8
+from ...quant.planar import PlanarFormat, PlanarTensor
 from .nm import KIND_CODE, PAIR_COMBOS, VALUE_VIEW, matvec_2_4, matvec_nm, pair_codes, pair_table
 from .qsimd import make_dot_int4
 from .weights import CpuWeight
-
-if TYPE_CHECKING:
-    from . import CpuBackend
 
 njit, prange = numba.njit, numba.prange
 PLANAR_FMT = 1000  # CpuWeight.fmt of planar weights: above every GGML type id, so GGUF kernels never see it
@@ -260,18 +255,3 @@ def cpu_weight(tensor: PlanarTensor):
     if tensor.type.kind == "fp32":
         return CpuWeight(tensor.name, GGMLType.F32, -1, np.ascontiguousarray(tensor.planes["q"]), 0)
     return PlanarWeight(tensor)
-
-
-def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
-    """``x @ W.T`` for weights some of which are planar: native matvecs for few rows, BLAS for many."""
-    from .projection import gemm  # here: projection.py imports this module
-
-    outs = []
-    for w in ws:
-        if not isinstance(w, PlanarWeight):
-            outs.extend(b.project_weights(x, [w]))
-        elif x.shape[0] > b.gemv_max_rows:
-            outs.append(gemm(b, fake_quant_rows_int8(x) if w.format.act8 else x, w))
-        else:
-            outs.append(w.matvec(np.ascontiguousarray(x, np.float32), b.rows_per_task))
-    return outs
