@@ -132,6 +132,16 @@ def test_shards_that_do_not_divide_the_heads_leave_the_program_whole(default_mod
         make_backend("cpu", default_model, tune="decode_shards=0")
 
 
+def test_shards_whose_column_copies_exceed_their_budget_leave_the_program_whole(default_model):
+    cpu = make_backend("cpu", default_model, threads=2, tune="shard_copy_mib=1")  # the 270M's take ~25 MiB
+    g1, _ = _decode(cpu, default_model, default_model.tokenizer.encode("Memory"), 1)
+    assert cpu._programs[id(g1)][1].shards is None and not cpu.col_shares
+    assert re.fullmatch(r"2, unused \(column copies would take \d+ MiB > shard_copy_mib=1\)",
+                        cpu.device.details["decode_shards"])  # fmt: skip
+    with pytest.raises(ValueError, match="shard_copy_mib"):
+        make_backend("cpu", default_model, tune="shard_copy_mib=-1")
+
+
 def test_shards_not_run_concurrently_fail_clearly(default_model):
     """Shards told they have a thread each but run on one: the first waits at its barrier, gives up after
     SPIN_LIMIT cycles and the step raises (instead of hanging)."""

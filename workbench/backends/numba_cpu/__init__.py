@@ -65,6 +65,7 @@ class CpuBackend(Backend):
         "q6_k_as_i8",
         "interleave_rows",
         "decode_shards",
+        "shard_copy_mib",
         "sparse_skip",
     )
 
@@ -84,6 +85,7 @@ class CpuBackend(Backend):
         q6_k_as_i8: bool = True,
         interleave_rows: bool | None = None,
         decode_shards: int | None = None,
+        shard_copy_mib: int = 1024,
         sparse_skip: bool = True,
         tune: str | None = None,
     ):
@@ -135,6 +137,13 @@ class CpuBackend(Backend):
         self.decode_shards = self.tunable("decode_shards", decode_shards)
         if self.decode_shards < 1:
             raise ValueError(f"decode_shards must be >= 1, got {self.decode_shards}")
+        # the shards' copies of their columns of the attention output and down weights (shards.py) may take
+        # at most this much memory (a third of a layer's weight bytes: several GB for Gemma 3 12B and 27B); past
+        # it the program runs row-parallel (figures: docs/backend-cpu.md#decode-shards)
+        self.shard_copy_mib = self.tunable("shard_copy_mib", shard_copy_mib)
+        if self.shard_copy_mib < 0:
+            raise ValueError(f"shard_copy_mib must be >= 0, got {self.shard_copy_mib}")
+        self.shard_refusal = ""  # why the last shard plan was refused, where the planner says
         # Gemma 3n's sparse layers (gemma3n.py): steps of up to gemv_max_rows rows compute only the up rows
         # and down columns of the FFN units the Gaussian top-k kept (the fusion rmsnorm_topk_ffn, with
         # fused on); 0: the dense twin, every unit computed (figures: docs/backend-cpu.md#gemma-3n)
@@ -336,7 +345,8 @@ class CpuBackend(Backend):
         if self.decode_shards == 1:
             return "off"
         if not any(p is not None and p.shards is not None for _, p in self._programs.values()):
-            return f"{self.decode_shards}, unused (no shard plan for the decode graph: shards.py says which)"
+            why = self.shard_refusal or "no shard plan for the decode graph: shards.py says which"
+            return f"{self.decode_shards}, unused ({why})"
         how = "a thread each" if self._shards_threaded() else "in turn on one thread"
         copies = sum(v[1].nbytes for v in self.col_shares.values() if v is not None) / 1e6
         return f"{self.decode_shards}, {how}, {copies:.1f} MB of column copies"

@@ -282,6 +282,16 @@ def plan(b: CpuBackend, prog: ins.Program, n_shards: int, threaded: bool) -> Sha
     if n < 1 or code[n]["op"] != ins.NORM_MATMUL:
         return None
     hd = next((int(c["head_dim"]) for c in code[:n] if c["op"] == ins.ATTENTION), 0)
+    cols = {
+        prog.ops[i].attrs["parts"][0].weights[0]
+        for i in np.flatnonzero(code["op"][:n] == ins.MATMUL_NORM_ADD)
+    }
+    need = sum(b.weights[name].data.nbytes for name in cols)
+    if need > b.shard_copy_mib << 20:  # the shards' column copies would take more memory than allowed
+        b.shard_refusal = (
+            f"column copies would take {need / 2**20:.0f} MiB > shard_copy_mib={b.shard_copy_mib}"
+        )
+        return None
     p = _Planner(b, prog, n_shards, n)
     if not hd or not all(p.step(i, c, hd) for i, c in enumerate(code[:n])):
         return None
