@@ -27,7 +27,7 @@ from ...ops.fusion import RULES, fuse
 from ...ops.graph import Graph, Op
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step
-from . import batched, dispatch
+from . import batched, dispatch, labels
 from . import gemma3n as g3
 from . import instructions as ins
 from . import interleaved as il
@@ -248,13 +248,15 @@ class CpuBackend(Backend):
                 "decode_shards": self._shards_label(),
                 "decode_program": self._program_label(),
                 "sparse_skip": self.sparse_skip,
-                "decode_kernels": _decode_kernels(self.vnni, self.layouts["interleave_rows"]),
+                "decode_kernels": labels.decode_kernels(self.vnni, self.layouts["interleave_rows"]),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,
-                "threading_layer": _threading_layer(),
+                "threading_layer": labels.threading_layer(),
                 "openblas_thread_timeout": blas_env.thread_timeout(),
                 "gomp_spincount": blas_env.gomp_spin(),  # numba's OpenMP workers (omp threading layer)
-                "blas": _blas_label(self._blas),  # prefill's GEMMs: e.g. OpenBLAS's kernels (Haswell: AVX2)
+                "blas": labels.blas_label(
+                    self._blas
+                ),  # prefill's GEMMs: e.g. OpenBLAS's kernels (Haswell: AVX2)
                 "profile": "host",
                 **getattr(self, "jit", {}),
             },
@@ -378,34 +380,6 @@ class CpuBackend(Backend):
         if tab is None:
             tab = self._rope[key] = ref.rope_tables(positions, *key)
         return tab
-
-
-def _decode_kernels(vnni: bool, interleaved: bool) -> str:
-    """What the decode matvecs run: 512-bit or 128-bit int16 kernels, int8 ones by VNNI, rows interleaved."""
-    if vnni:
-        return "512-bit, int8 activations by vpdpbusd (AVX512-VNNI host)"
-    wide = "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit"
-    if not interleaved:
-        return wide
-    return f"{wide}; Q8_0, Q5_0, Q4_K rows interleaved 16 at a time" + (" (vpdpwssd)" if mv.HAS_VNNI else "")
-
-
-def _blas_label(blas: ThreadpoolController) -> str:
-    """The BLAS library and the kernels it runs (OPENBLAS_CORETYPE pins them; unset, OpenBLAS detects them)."""
-    libs = [i for i in blas.info() if i.get("user_api") == "blas"]
-    return (
-        "; ".join(
-            f"{i.get('internal_api')} {i.get('version')} {i.get('architecture') or ''}".strip() for i in libs
-        )
-        or "none loaded"
-    )
-
-
-def _threading_layer() -> str:
-    try:
-        return numba.threading_layer()
-    except ValueError:  # no parallel kernel has run yet
-        return "not initialized"
 
 
 def _cache_misses() -> int:

@@ -1,0 +1,37 @@
+"""The cpu backend's device details in words: what the decode matvecs run, the BLAS library behind prefill,
+numba's threading layer."""
+
+from __future__ import annotations
+
+from threadpoolctl import ThreadpoolController
+
+from ..._numba import numba
+from . import matvec as mv
+
+
+def decode_kernels(vnni: bool, interleaved: bool) -> str:
+    """What the decode matvecs run: 512-bit or 128-bit int16 kernels, int8 ones by VNNI, rows interleaved."""
+    if vnni:
+        return "512-bit, int8 activations by vpdpbusd (AVX512-VNNI host)"
+    wide = "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit"
+    if not interleaved:
+        return wide
+    return f"{wide}; Q8_0, Q5_0, Q4_K rows interleaved 16 at a time" + (" (vpdpwssd)" if mv.HAS_VNNI else "")
+
+
+def blas_label(blas: ThreadpoolController) -> str:
+    """The BLAS library and the kernels it runs (OPENBLAS_CORETYPE pins them; unset, OpenBLAS detects them)."""
+    libs = [i for i in blas.info() if i.get("user_api") == "blas"]
+    return (
+        "; ".join(
+            f"{i.get('internal_api')} {i.get('version')} {i.get('architecture') or ''}".strip() for i in libs
+        )
+        or "none loaded"
+    )
+
+
+def threading_layer() -> str:
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        return "not initialized"
