@@ -122,11 +122,7 @@ NO_CODES, NO_FLOATS = np.zeros((1, 0), np.int16), np.zeros((1, 0), np.float32)
 def _rows(fmt, w, n_units, r0, r1, x, levels, xq, xd, xs, out, c0):  # pragma: no cover - compiled
     """out[t, c0 + i] = row r0 + i of w . activation row t, for rows r0..r1 and every activation row: int16
     (int8) codes ``xq``/``xd``/``xs`` where ``levels`` > 0, else the exact floats ``x`` (block sums ``xs``)."""
-    wa, rb = w.ctypes.data, w.shape[1]
-    if levels > 0:
-        rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0)
-    else:
-        rows_f32_at(fmt, wa, rb, n_units, r0, r1, x, xs, out, c0)
+    rows_levels_at(fmt, w.ctypes.data, w.shape[1], n_units, r0, r1, x, levels, xq, xd, xs, out, c0)
 
 
 @njit(cache=True)
@@ -176,7 +172,16 @@ def rows_at(wrow, r0, r1, x, levels, xq, xd, xs, out, c0):  # pragma: no cover -
     """Rows r0..r1 of the weight of table row ``wrow`` (see W_FMT) . each activation row, into ``out[t, c0:]``:
     int16 (int8) codes ``xq``/``xd``/``xs`` where ``levels`` > 0, else the exact floats ``x`` (block sums
     ``xs``)."""
-    fmt, wa, rb, n_units = wrow[W_FMT], wrow[W_ADDR], wrow[W_ROW_BYTES], wrow[W_UNITS]
+    rows_levels_at(wrow[W_FMT], wrow[W_ADDR], wrow[W_ROW_BYTES], wrow[W_UNITS], r0, r1, x, levels, xq, xd, xs,
+                   out, c0)  # fmt: skip
+
+
+@njit(cache=True)
+def rows_levels_at(
+    fmt, wa, rb, n_units, r0, r1, x, levels, xq, xd, xs, out, c0
+):  # pragma: no cover - compiled
+    """:func:`rows_i16_at` where ``levels`` > 0, else :func:`rows_f32_at`: the one choice between the int16
+    (int8) codes and the exact floats, for a weight at address ``wa`` (``rb`` bytes a row)."""
     if levels > 0:
         rows_i16_at(fmt, wa, rb, n_units, r0, r1, xq, xd, xs, out, c0)
     else:
