@@ -41,6 +41,7 @@ float dot8(vec4 a, vec4 b, vec4 c, vec4 d) { return dot(a, b) + dot(c, d); }
 #ifdef POST_NORM_ADD
 layout(binding = 1) coherent buffer ArenaC { float actc[]; };
 layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
+layout(binding = 1) coherent buffer ArenaC4 { vec4 actc4[]; };
 #define Y_STORE actc
 #else
 #define Y_STORE act
@@ -113,6 +114,89 @@ layout(push_constant) uniform PC {
 shared float red[WG];
 shared float inv_rms[MAX_T];
 shared bool last_wg;
+
+#ifdef TAIL_REGS
+// The one-token post-norm tail with the row in registers (TAIL_V vec4s a thread, loads issued before they
+// are used): a loop over the row in one workgroup waits one memory round trip per iteration (about 20 us at
+// 5,376 columns on an H100: docs/backend-vulkan.md#post-norm-tail). Rows up to 4 * TAIL_V * WG columns.
+const uint TAIL_A = (2048u + WG - 1u) / WG;
+const uint TAIL_V = TAIL_A > 6u ? 6u : TAIL_A;
+
+// Sum of one value per thread over the workgroup (every thread gets it).
+float wg_sum(float v) {
+    v = subgroupAdd(v);
+    barrier();  // `red` is free (an earlier sum may still be reading it)
+    if (subgroupElect()) red[gl_SubgroupID] = v;
+    barrier();
+    float tot = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) tot += red[i];
+    return tot;
+}
+
+bool tail_fits() {
+    return NT == 1u && pc.N % 32u == 0u && pc.N / 4u <= TAIL_V * WG && gl_SubgroupSize >= 8u && WG % 8u == 0u &&
+           (pc.y_off | pc.r_off | pc.o_off) % 4u == 0u;
+}
+
+// out = r + rmsnorm(y) * pw for one token (y from every workgroup, coherent), its mean squares, and with
+// QUANT_OUT the next projection's int8 blocks: the 8 consecutive threads that hold a 32-value block find its
+// maximum and sums by shuffles, each packing its own 4 values (the same values as store_q8_block).
+void tail_in_registers(uint tid) {
+    uint n4 = pc.N / 4u;
+    vec4 v[TAIL_V];
+    float ss = 0.0;
+    [[unroll]] for (uint j = 0u; j < TAIL_V; ++j) {
+        uint i = tid + j * WG;
+        v[j] = i < n4 ? actc4[pc.y_off / 4u + i] : vec4(0.0);
+        ss += dot(v[j], v[j]);
+    }
+    float inv = 1.0 / sqrt(wg_sum(ss) / float(pc.N) + pc.peps);
+    ss = 0.0;
+    [[unroll]] for (uint j = 0u; j < TAIL_V; ++j) {  // every load before the stores below (the bindings alias)
+        uint i = tid + j * WG;
+        if (i < n4) {
+            uint p = pc.pw_off + 4u * i;
+            vec4 pw = vec4(smalls[p], smalls[p + 1u], smalls[p + 2u], smalls[p + 3u]);
+            v[j] = act4[pc.r_off / 4u + i] + v[j] * inv * pw;
+            ss += dot(v[j], v[j]);
+        }
+    }
+    [[unroll]] for (uint j = 0u; j < TAIL_V; ++j) {
+        uint i = tid + j * WG;
+        if (i < n4) actc4[pc.o_off / 4u + i] = v[j];
+    }
+    float tot = wg_sum(ss);
+    if (tid == 0u) actc[pc.ms_out_off] = tot / float(pc.N);
+#ifdef QUANT_OUT
+    float it = 1.0 / sqrt(tot / float(pc.N) + pc.qeps);
+    uint qb = pc.q_out_off / 4u, mb = qb + pc.N / 16u;  // uvec4 indices of the codes and the block metas
+    [[unroll]] for (uint j = 0u; j < TAIL_V; ++j) {
+        uint i = tid + j * WG;  // i < n4 is the same for the 8 threads of a block (n4 % 8 == 0)
+        vec4 x = vec4(0.0);
+        if (i < n4) {
+            uint p = pc.qnw_off + 4u * i;
+            x = v[j] * it * vec4(smalls[p], smalls[p + 1u], smalls[p + 2u], smalls[p + 3u]);
+        }
+        float amax = max(max(abs(x.x), abs(x.y)), max(abs(x.z), abs(x.w)));
+        amax = max(amax, subgroupShuffleXor(amax, 1u));
+        amax = max(amax, subgroupShuffleXor(amax, 2u));
+        amax = max(amax, subgroupShuffleXor(amax, 4u));
+        float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
+        ivec4 q = clamp(ivec4(roundEven(x * id)), -127, 127);
+        int s = q.x + q.y + q.z + q.w;
+        s += subgroupShuffleXor(s, 1u);
+        s += subgroupShuffleXor(s, 2u);
+        int s_hi = subgroupShuffleXor(s, 4u);  // lane 0 of the block: the sum of values 16..31
+        if (i < n4) {
+            uint blk = i / 8u, k = i % 8u;
+            actu[4u * (qb + 2u * blk) + k] = (uint(q.x) & 0xFFu) | ((uint(q.y) & 0xFFu) << 8) |
+                                            ((uint(q.z) & 0xFFu) << 16) | ((uint(q.w) & 0xFFu) << 24);
+            if (k == 0u) actc4[mb + blk] = vec4(d, d * float(s), d * float(s_hi), 0.0);
+        }
+    }
+#endif
+}
+#endif
 
 // Sums over the ROW_THREADS lanes of each row, for every token at once (one barrier pair in all, not per
 // token): below the subgroup size a shuffle butterfly, above it subgroupAdd then shared memory.
@@ -371,6 +455,12 @@ void main() {
     barrier();
     if (!last_wg) return;
     memoryBarrierBuffer();
+#ifdef TAIL_REGS
+    if (tail_fits()) {
+        tail_in_registers(tid);
+        return;
+    }
+#endif
     float ss[NT];  // the post-norm of every token in one pass
     [[unroll]] for (uint t = 0u; t < NT; ++t) ss[t] = 0.0;
     for (uint i = tid; i < pc.N; i += WG)

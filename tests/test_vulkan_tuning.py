@@ -142,6 +142,34 @@ def test_post_norm_tail_writes_the_next_int8_input(wide_models):
         assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
 
 
+@pytest.mark.parametrize("q8", [0, 1])
+def test_post_norm_tail_in_registers_equals_the_loop(wide_models, q8):
+    """TAIL_REGS (matvec.tail_regs): the one-token post-norm tail with its row in registers (and, on int8
+    activations, the next input's blocks packed by 8 threads each) gives the loop tail's logits up to float
+    summation order; steps of several tokens keep the loop."""
+    model = wide_models["q6_k"]
+    runs = {}
+    for regs in (0, 1):
+        ev = vulkan_engine(model, tune=f"matvec.q8={q8},matvec.tail_regs={regs}")
+        seq = ev.new_sequence()
+        ev.forward(seq, TOKENS[:5])
+        runs[regs] = [ev.forward(seq, [t]) for t in (11, 48, 85, 3, 17)]
+        prog = next(p for k, p in ev.backend.programs.items() if k[1][0][2] == 1)
+        tails = [d for d in prog.dispatches if "POST_NORM_ADD" in d.defines]
+        assert len(tails) == 2 * model.config.n_layers
+        assert all(("TAIL_REGS" in d.defines) == bool(regs) for d in tails)
+        assert all(("QUANT_OUT" in d.defines) == bool(q8) for d in tails[:-1])
+        ev.backend.dev.check_validation()
+    for a, b in zip(runs[0], runs[1]):
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+    en = wb.Engine(model, "numpy")
+    sn = en.new_sequence()
+    en.forward(sn, TOKENS[:5])
+    want = [en.forward(sn, [t]) for t in (11, 48, 85, 3, 17)]
+    for a, b in zip(runs[1], want):
+        assert np.abs(a - b).max() <= (8e-2 if q8 else 2e-4) * np.abs(b).max()
+
+
 @pytest.mark.slow
 def test_default_model_greedy_tokens_on_int8_activations(default_model, numpy_engine):
     prompt = "The capital of France is"

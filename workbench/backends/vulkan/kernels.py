@@ -192,6 +192,9 @@ PROGRAM_TUNABLES = {
     "attention.fused_combine": 0,  # the separate merge measured faster (docs/backend-vulkan.md#single-stream)
     "attention.kv_in_rope": 1,
     "matvec.post_norm": 1,
+    # the post-norm tail of a one-token step holds its row in registers (every load issued at once) instead
+    # of looping over it (docs/backend-vulkan.md#post-norm-tail)
+    "matvec.tail_regs": 1,
     "matvec.fp16": 0,  # fp16 products in the decode matvec (devices with shaderFloat16)
     "matvec.norm_ms": 1,  # fused norms read the mean squares their input's post-norm tail wrote (MS_IN)
     # int8 activations and integer dot products in the decode matvec (quant_act.comp + Q8_ACT); the default
@@ -230,6 +233,7 @@ SWITCHES = (
     "attention.fused_combine",
     "attention.kv_in_rope",
     "matvec.post_norm",
+    "matvec.tail_regs",
     "matvec.fp16",
     "matvec.norm_ms",
     "matvec.q8",
@@ -458,6 +462,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
         for f16 in ((), ("F16_MATH",)):
             g = (*f, *f16)
             out += [("matvec", g), ("matvec", (*g, "GELU_PAIR")), ("matvec", (*g, "POST_NORM_ADD"))]
+            out += [("matvec", (*g, "POST_NORM_ADD", "TAIL_REGS"))]
             out += [
                 ("matvec", (*g, *pair, "NORM", *ms))
                 for pair in ((), ("GELU_PAIR",))
@@ -465,7 +470,10 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
             ]
             # Gemma 3n's sparse layers (ffn.sparse_skip): the gated up projection, the zero-skipping down
             out += [("matvec", (*g, "NORM", *ms, "SPARSE_UP")) for ms in ((), ("MS_IN",))]
-            out += [("matvec", (*g, *post, "SKIP_ZERO")) for post in ((), ("POST_NORM_ADD",))]
+            out += [
+                ("matvec", (*g, *post, "SKIP_ZERO"))
+                for post in ((), ("POST_NORM_ADD",), ("POST_NORM_ADD", "TAIL_REGS"))
+            ]
             out += [("matvec", (*g, "GATE_MUL"))]
         if f[0].removeprefix("FMT_") in Q8_FORMATS:
             out += [
@@ -475,6 +483,8 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
                     ("GELU_PAIR",),
                     ("POST_NORM_ADD",),
                     ("POST_NORM_ADD", "QUANT_OUT"),
+                    ("POST_NORM_ADD", "TAIL_REGS"),
+                    ("POST_NORM_ADD", "QUANT_OUT", "TAIL_REGS"),
                     ("SPARSE_UP",),
                     ("GATE_MUL",),
                 )
