@@ -1,7 +1,6 @@
 #version 450
 // Merges the split partials of attention.comp (see attn_merge.glsl). Grid: (n_heads, T).
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "attn_merge.glsl"
 
