@@ -22,13 +22,6 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole search (default 540)")
     p.add_argument("--beam", type=positive_int, default=3, help="candidates kept per round (default 3)")
-    p.add_argument(
-        "--flush-mib",
-        type=int,
-        default=128,
-        help="MiB of scratch swept before each timed run, to evict the weights from the device's cache "
-        "(default 128; 0 times them on a warm cache)",
-    )
     p.add_argument("--db", default=None, help="tuning database (default $WORKBENCH_TUNING_DB or the cache)")
     p.add_argument("--tune", default=None, help="backend tunables name=value,... applied while tuning")
     add_device_arg(p)
@@ -56,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
     backend = engine.backend
     db = TuningDB.load(Path(args.db) if args.db else None)
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    if args.flush_mib < 0:
-        raise ValueError("tune: --flush-mib must be 0 or more")
-    tuner = Tuner(backend, beam=args.beam, budget_s=args.budget, flush_mib=args.flush_mib, log=log)
+    tuner = Tuner(backend, beam=args.beam, budget_s=args.budget, log=log)
     results = tuner.run(args.prompt_tokens, db)
     out = {
         "model": model.describe(),

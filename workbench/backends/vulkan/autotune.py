@@ -3,11 +3,7 @@
 For every projection shape of a model's decode step (matvec) and prefill step (cooperative-matrix GEMM),
 the tuner builds a one-op program (the projection repeated ``REPEATS`` times on random inputs), checks each
 candidate's output against numpy on sampled rows *before* timing it, and times the survivors with device
-timestamps. Each timed run of the projection follows a pass over a scratch buffer larger than the
-device's last-level cache (``flush_mib``), so weights are read from memory as in a model's step, where a
-layer's weights were evicted by the layers between; repeating the projection on a warm cache times a
-weight that fits the cache (an H100's 50 MB L2 holds every projection of Gemma 3 27B but the FFN's) at
-cache speed. The search starts from the defaults and, round by round, tries every one-parameter move of the
+timestamps. The search starts from the defaults and, round by round, tries every one-parameter move of the
 best few (the beam) until no move wins or the time budget is spent. Winners beating the default go to the
 tuning database (:mod:`.tuned`), which the backend then applies to those shapes. Figures are device time
 (measured), never estimates. See docs/backend-vulkan.md#the-autotuner.
@@ -30,10 +26,8 @@ from .recorded import Recorded
 from .tuned import PARAMS, TuningDB, param_errors
 
 REPEATS = 16  # the projection's dispatches per timed program (its quantize pass runs once)
-FLUSH_COLS = 16384  # columns of the cache-flushing scratch tensor (its rows from flush_mib)
 SAMPLE_ROWS = 256  # rows of the output checked against numpy
 WARM_S = 0.1  # seconds of runs before a candidate's timed runs
-FLUSH_OP = "tune:flush"
 CHOICES = {
     "wg": (32, 64, 128, 256, 512, 1024),
     "row_threads": (1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -84,7 +78,6 @@ class Tuner:
     backend: Any  # VulkanBackend (not imported: the backend module imports this one's siblings)
     beam: int = 3
     budget_s: float = 600.0
-    flush_mib: int = 128  # scratch swept before each timed projection (0: none, a warm cache)
     log: Callable[[str], None] = print
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
@@ -112,18 +105,12 @@ class Tuner:
         tensors = {"x": TensorSpec((t, k)), "y": TensorSpec((t, w.rows))}
         if call.get("post"):
             tensors |= {"res": TensorSpec((t, w.rows)), "out": TensorSpec((t, w.rows))}
-        flush_rows = self.flush_mib * 2**20 // (4 * FLUSH_COLS)
-        if flush_rows:
-            tensors["flush"] = TensorSpec((flush_rows, FLUSH_COLS))
         graph = Graph(b.model.config, t, t, [], tensors, {}, outputs=())
         builder = Builder(b, graph, [], greedy=False)
         if params is not None:
             builder.forced[key] = params
         op = Op("tune", "matmul", ("x",), ("y",), (call["wname"],))
-        flush = Op(FLUSH_OP, "add", ("flush", "flush"), ("flush",))
         for _ in range(REPEATS):
-            if flush_rows:
-                builder.eltwise(flush, "ADD", "flush", "flush", "flush")
             if call["kind"] == "gemm":
                 builder.gemm(op, "x", "y", call["wname"])
             else:
@@ -133,10 +120,7 @@ class Tuner:
                 builder.projection(op, "x", "y", call["wname"], call.get("norm"), call.get("eps", 0.0),
                                    call.get("up"), post)  # fmt: skip
         out = "out" if call.get("post") else "y"
-        keep = {out, "x"} | ({"res"} if call.get("post") else set()) | ({"flush"} if flush_rows else set())
-        dispatches, offsets, total = builder.finish(keep)
-        for d in dispatches:  # one at a time: a projection's device time must not overlap the flush
-            d.barrier = True
+        dispatches, offsets, total = builder.finish({out, "x"} | ({"res"} if call.get("post") else set()))
         size = t * w.rows
         prog = Recorded(b.dev, b.pipes, dispatches, total, b.params, b.smalls, b.dummy, (offsets[out], size),
                         True, np.zeros(t, np.uint32))  # fmt: skip
@@ -185,9 +169,8 @@ class Tuner:
                 prog.run(zeros, zeros, np.zeros(1, np.int64))
             times = []
             for _ in range(7):
-                prog.run(zeros, zeros, np.zeros(1, np.int64), timed=True)
-                own = [d.op != FLUSH_OP for d in prog.dispatches]
-                times.append(float(prog.dispatch_times()[own].sum()))
+                prog.run(zeros, zeros, np.zeros(1, np.int64))
+                times.append(prog.step_seconds())
             return float(np.median(times)) / REPEATS
         finally:
             prog.destroy()
