@@ -90,6 +90,8 @@ layout(constant_id = 1) const uint ROW_THREADS = 32;
 layout(constant_id = 2) const uint NT = 1;  // tokens of the step (at most 8)
 layout(constant_id = 3) const uint KC = 8;  // columns of the weight (a constant, so the row loop unrolls)
 layout(constant_id = 4) const uint RB = 1;  // rows per group of ROW_THREADS threads
+// Q8_ACT: units whose weights a thread loads before it uses any of them (1 or 2: more bytes in flight)
+layout(constant_id = 5) const uint UNITS_AHEAD = 1;
 #define MAX_T 8
 const uint ROWS = WG / ROW_THREADS;  // row groups per workgroup
 
@@ -340,25 +342,32 @@ void main() {
     if (live) {
         // x rows: KC int8 values (KC / 16 uvec4), then KC / 32 block metas (vec4)
         const uint NU = KC / UNIT_COLS;
-        [[unroll]] for (uint u = lane; u < NU; u += ROW_THREADS) {
-            UnitW wa[RB];
+        for (uint u0 = lane; u0 < NU; u0 += ROW_THREADS * UNITS_AHEAD) {
+            UnitW wa[UNITS_AHEAD * RB];
 #ifdef GELU_PAIR
-            UnitW wb[RB];
+            UnitW wb[UNITS_AHEAD * RB];
 #endif
-            [[unroll]] for (uint j = 0u; j < RB; ++j) {
-                uint row = min(row_base + j * ROWS, pc.N - 1u);  // rows past N: a valid row, never stored
-                wa[j] = unitw_a(pc.pl, KC, row, u);
-#ifdef GELU_PAIR
-                wb[j] = unitw_b(pc.pl2, KC, row, u);
-#endif
-            }
-            [[unroll]] for (uint t = 0u; t < NT; ++t) {
-                uint qb = (pc.x_off + t * pc.x_stride) / 4u, mb = qb + KC / 16u;
+            [[unroll]] for (uint s = 0u; s < UNITS_AHEAD; ++s) {
+                uint u = min(u0 + s * ROW_THREADS, NU - 1u);  // past the last unit: a valid one, never summed
                 [[unroll]] for (uint j = 0u; j < RB; ++j) {
-                    acc[j][t] += unit_dot(wa[j], u, qb, mb);
+                    uint row = min(row_base + j * ROWS, pc.N - 1u);  // rows past N: a valid row, never stored
+                    wa[s * RB + j] = unitw_a(pc.pl, KC, row, u);
 #ifdef GELU_PAIR
-                    acc2[j][t] += unit_dot(wb[j], u, qb, mb);
+                    wb[s * RB + j] = unitw_b(pc.pl2, KC, row, u);
 #endif
+                }
+            }
+            [[unroll]] for (uint s = 0u; s < UNITS_AHEAD; ++s) {
+                uint u = u0 + s * ROW_THREADS;
+                if (u >= NU) break;
+                [[unroll]] for (uint t = 0u; t < NT; ++t) {
+                    uint qb = (pc.x_off + t * pc.x_stride) / 4u, mb = qb + KC / 16u;
+                    [[unroll]] for (uint j = 0u; j < RB; ++j) {
+                        acc[j][t] += unit_dot(wa[s * RB + j], u, qb, mb);
+#ifdef GELU_PAIR
+                        acc2[j][t] += unit_dot(wb[s * RB + j], u, qb, mb);
+#endif
+                    }
                 }
             }
         }

@@ -142,6 +142,27 @@ def test_post_norm_tail_writes_the_next_int8_input(wide_models):
         assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
 
 
+# 64- and 32-column units (the loop is the same for every format)
+@pytest.mark.parametrize("quant", ["q6_k", "q4_k_m"])
+def test_integer_matvec_units_ahead_keep_the_bits(wide_models, quant):
+    """matvec.q8_ahead=2 (two units' weights loaded before either is used) sums the same units in the same
+    order as one at a time: one- and three-token steps give identical logits."""
+    model = wide_models[quant]
+    runs = {}
+    for ahead in (1, 2):
+        ev = vulkan_engine(model, tune=f"matvec.q8=1,matvec.q8_ahead={ahead}")
+        seq = ev.new_sequence()
+        ev.forward(seq, TOKENS[:5])
+        runs[ahead] = [ev.forward(seq, [11]), ev.forward(seq, [48, 85, 3], logits="all")]
+        specs = [
+            dict(d.spec) for p in ev.backend.programs.values() for d in p.dispatches if "Q8_ACT" in d.defines
+        ]
+        assert specs and all(sp[5] == ahead for sp in specs)
+        ev.backend.dev.check_validation()
+    for a, b in zip(runs[1], runs[2]):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("q8", [0, 1])
 def test_post_norm_tail_in_registers_equals_the_loop(wide_models, q8):
     """TAIL_REGS (matvec.tail_regs): the one-token post-norm tail with its row in registers (and, on int8

@@ -204,6 +204,8 @@ PROGRAM_TUNABLES = {
     "matvec.q8": 0,
     "matvec.q8_min_hidden": 2048,
     "matvec.q8_rows": 1,  # rows per group of threads of the integer matvec in one-token steps
+    # weight units a thread of the integer matvec loads before it uses any (1 or 2: more bytes in flight)
+    "matvec.q8_ahead": 1,
     "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
     # float16 keys and values in the KV cache (16-bit storage buffers; products stay float32): half the
     # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default: its 16-bit loads are
@@ -389,6 +391,8 @@ class Tuning:
             errors.append("matvec.q8=1 needs shaderIntegerDotProduct (Vulkan 1.3), which this device lacks")
         if not 1 <= v["matvec.q8_rows"] <= 8:
             errors.append("matvec.q8_rows must be 1..8")
+        if v["matvec.q8_ahead"] not in (1, 2):
+            errors.append(f"matvec.q8_ahead={v['matvec.q8_ahead']} must be 1 or 2")
         if v["matvec.fp16"] and not f.fp16:
             errors.append("matvec.fp16=1 needs shaderFloat16, which this device lacks")
         if v["kv.fp16"] and not f.storage_16bit:

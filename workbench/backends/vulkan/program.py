@@ -244,6 +244,7 @@ class Builder:
             reads += [ple[0]] if ple else []
             writes += [q_out] if q_out else []
             spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
+            spec += [(5, b.tuning["matvec.q8_ahead"])] if q8 else []
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
         if q_out:
