@@ -118,17 +118,24 @@ def test_integer_matvec_model_logits_and_default(wide_models):
         assert ev.backend.tuning["matvec.q8"] == int(wanted)
 
 
+def decode_steps(model, tune: str, tokens=(11, 48, 85)):
+    """Logits of one-token decode steps after a 5-token prompt with ``tune``, the one-token step's program
+    and the engine."""
+    ev = vulkan_engine(model, tune=tune)
+    seq = ev.new_sequence()
+    ev.forward(seq, TOKENS[:5])
+    logits = [ev.forward(seq, [t]) for t in tokens]
+    prog = next(p for k, p in ev.backend.programs.items() if k[1][0][2] == 1)
+    return logits, prog, ev
+
+
 def test_post_norm_tail_writes_the_next_int8_input(wide_models):
     """QUANT_OUT: the attn_output / ffn_down tails quantize the next projection's normalized input, so no
     quant_act dispatch precedes gate/up or the next layer's QKV; the logits equal those of separate passes."""
     model = wide_models["q4_k_m"]
     runs = {}
     for q in (0, 1):
-        ev = vulkan_engine(model, tune=f"matvec.q8=1,matvec.quant_out={q}")
-        seq = ev.new_sequence()
-        ev.forward(seq, TOKENS[:5])
-        runs[q] = [ev.forward(seq, [t]) for t in (11, 48, 85)]
-        prog = next(p for k, p in ev.backend.programs.items() if k[1][0][2] == 1)
+        runs[q], prog, _ = decode_steps(model, f"matvec.q8=1,matvec.quant_out={q}")
         tails = [d for d in prog.dispatches if "QUANT_OUT" in d.defines]
         quants = [d for d in prog.dispatches if d.kernel == "quant_act"]
         if q:
@@ -171,11 +178,9 @@ def test_post_norm_tail_in_registers_equals_the_loop(wide_models, q8):
     model = wide_models["q6_k"]
     runs = {}
     for regs in (0, 1):
-        ev = vulkan_engine(model, tune=f"matvec.q8={q8},matvec.tail_regs={regs}")
-        seq = ev.new_sequence()
-        ev.forward(seq, TOKENS[:5])
-        runs[regs] = [ev.forward(seq, [t]) for t in (11, 48, 85, 3, 17)]
-        prog = next(p for k, p in ev.backend.programs.items() if k[1][0][2] == 1)
+        runs[regs], prog, ev = decode_steps(
+            model, f"matvec.q8={q8},matvec.tail_regs={regs}", (11, 48, 85, 3, 17)
+        )
         tails = [d for d in prog.dispatches if "POST_NORM_ADD" in d.defines]
         assert len(tails) == 2 * model.config.n_layers
         assert all(("TAIL_REGS" in d.defines) == bool(regs) for d in tails)
