@@ -49,7 +49,7 @@ from .llvm_ir import (
     splat,
     vt,
 )
-from .simd import Q6_K_I8
+from .simd import Q6_K_I8, k_scales_mins
 
 ACCS = 2  # float accumulators per row (independent FMA chains)
 LANES = 4  # float lanes of an accumulator
@@ -239,27 +239,6 @@ def _one_scale_body(qtype: GGMLType):
 
 
 # -- k-quants: 256-value superblocks -------------------------------------------------------------------
-def k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
-    """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4-15) as two <8 x float>
-    (ggml's unpacking done on three 32-bit words, as its SIMD code does)."""
-    u0, u1, u2 = (load_at(b, base, 4 + 4 * i, I32) for i in range(3))
-
-    def c(v):
-        return ir.Constant(I32, v)
-
-    m1, m2, m3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
-    sc_lo = b.and_(u0, m1)
-    sc_hi = b.or_(b.and_(u2, m2), b.shl(b.and_(b.lshr(u0, c(6)), m3), c(4)))
-    mn_lo = b.and_(u1, m1)
-    mn_hi = b.or_(b.and_(b.lshr(u2, c(4)), m2), b.shl(b.and_(b.lshr(u1, c(6)), m3), c(4)))
-
-    def floats(lo, hi):
-        pair = b.insert_element(b.insert_element(ir.Constant(vt(I32, 2), None), lo, c(0)), hi, c(1))
-        return b.uitofp(b.zext(b.bitcast(pair, vt(I8, 8)), vt(I32, 8)), vt(F32, 8))
-
-    return floats(sc_lo, sc_hi), floats(mn_lo, mn_hi)
-
-
 def _kquant_body(high_bits: bool):
     """Q4_K (``high_bits`` False) and Q5_K: chunk c's 32 bytes hold sub-block 2c in the low nibbles and
     2c + 1 in the high nibbles (plus, for Q5_K, bits 2c and 2c + 1 of the 32 qh bytes): each 8 bytes are

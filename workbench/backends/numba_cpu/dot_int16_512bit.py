@@ -28,7 +28,6 @@ from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
-from .dot_int16_128bit import k_scales_mins
 from .llvm_ir import (
     F32,
     FAST,
@@ -50,7 +49,7 @@ from .llvm_ir import (
     splat,
     vt,
 )
-from .simd import Q5_0_X4, Q6_K_I8
+from .simd import Q5_0_X4, Q6_K_I8, k_scales_mins
 
 # bytes of the weight stream prefetched ahead: farther than dot_int16_128bit's 2 KB, which left the LM head slower on
 # an AVX-512 host (figures: docs/backend-cpu.md#prefetching)

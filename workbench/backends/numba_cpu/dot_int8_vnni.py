@@ -28,10 +28,9 @@ from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
-from .dot_int16_128bit import k_scales_mins
 from .dot_int16_512bit import WideRow
 from .llvm_ir import F32, FAST, HALF, I8, I16, I32, I64, concat, const_vec, load_at, load_f32x8, ptr, vt
-from .simd import Q5_0_X4, Q6_K_I8
+from .simd import Q5_0_X4, Q6_K_I8, k_scales_mins
 
 VNNI_ORDER = (0, 2, 1, 3)  # the int8 copy's order of the blocks of a group of 4 (its own inverse)
 LANES = 16

@@ -99,24 +99,31 @@ def _q5_0(b, base, u):
     return [Decoded(_five_bit_values(b, concat(b, lo, hi), load_at(b, base, 2, I32)), d, d, None, u)]
 
 
-def _k_scales(b, base) -> tuple[list[ir.Value], list[ir.Value]]:
-    """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4..15), as floats."""
-    s = [b.zext(load_at(b, base, 4 + i, I8), I32) for i in range(12)]
-    c63, c15, c6, c4 = (ir.Constant(I32, v) for v in (63, 15, 6, 4))
-    sc, mn = [], []
-    for j in range(8):
-        if j < 4:
-            sc.append(b.and_(s[j], c63))
-            mn.append(b.and_(s[j + 4], c63))
-        else:
-            sc.append(b.or_(b.and_(s[j + 4], c15), b.shl(b.lshr(s[j - 4], c6), c4)))
-            mn.append(b.or_(b.lshr(s[j + 4], c4), b.shl(b.lshr(s[j], c6), c4)))
-    return [b.uitofp(v, F32) for v in sc], [b.uitofp(v, F32) for v in mn]
+def k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
+    """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4-15) as two <8 x float>
+    (ggml's unpacking done on three 32-bit words, as its SIMD code does): the one unpacking of the k-quant
+    scales, for the decoders here and the int16/int8 kernels."""
+    u0, u1, u2 = (load_at(b, base, 4 + 4 * i, I32) for i in range(3))
+
+    def c(v):
+        return ir.Constant(I32, v)
+
+    m1, m2, m3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+    sc_lo = b.and_(u0, m1)
+    sc_hi = b.or_(b.and_(u2, m2), b.shl(b.and_(b.lshr(u0, c(6)), m3), c(4)))
+    mn_lo = b.and_(u1, m1)
+    mn_hi = b.or_(b.and_(b.lshr(u2, c(4)), m2), b.shl(b.and_(b.lshr(u1, c(6)), m3), c(4)))
+
+    def floats(lo, hi):
+        pair = b.insert_element(b.insert_element(ir.Constant(vt(I32, 2), None), lo, c(0)), hi, c(1))
+        return b.uitofp(b.zext(b.bitcast(pair, vt(I8, 8)), vt(I32, 8)), vt(F32, 8))
+
+    return floats(sc_lo, sc_hi), floats(mn_lo, mn_hi)
 
 
 def _kquant(b, base, u, with_high_bits: bool):
     d, dmin = load_half(b, base, 0), load_half(b, base, 2)
-    sc, mn = _k_scales(b, base)
+    sc, mn = k_scales_mins(b, base)
     qs_off = 48 if with_high_bits else 16
     qh = load_at(b, base, 16, vt(I8, 32)) if with_high_bits else None
     out = []
@@ -128,9 +135,10 @@ def _kquant(b, base, u, with_high_bits: bool):
             if qh is not None:
                 bit = b.and_(b.lshr(qh, const_vec(I8, [j] * 32)), const_vec(I8, [1] * 32))
                 v = b.or_(v, b.shl(b.zext(bit, vt(I16, 32)), const_vec(I16, [4] * 32)))
-            scale = b.fmul(d, sc[j], flags=FAST)
+            scale = b.fmul(d, b.extract_element(sc, ir.Constant(I32, j)), flags=FAST)
             xb = b.add(b.mul(u, ir.Constant(I64, 8)), ir.Constant(I64, j))
-            out.append(Decoded(v, scale, scale, b.fmul(dmin, mn[j], flags=FAST), xb))
+            mj = b.extract_element(mn, ir.Constant(I32, j))
+            out.append(Decoded(v, scale, scale, b.fmul(dmin, mj, flags=FAST), xb))
     return out
 
 
