@@ -205,7 +205,7 @@ class Builder:
             defines += ["MS_IN"] if ms_in else []
             defines += ["POST_NORM_ADD"] if post else []
             defines += ["QUANT_OUT"] if q_out else []
-            defines += ["TAIL_REGS"] if post and b.tuning["matvec.tail_regs"] else []
+            defines += ["TAIL_REGS"] if post and t == 1 and b.tuning["matvec.tail_regs"] else []  # one token
             defines += (["SPARSE_UP"] if gate else []) + (["SKIP_ZERO"] if skip_zero else [])
             defines += ["GATE_MUL"] if ple else []
             q8 = stride != k
