@@ -412,8 +412,8 @@ def test_attention_splits_past_the_context(tiny, tune):
 
 @pytest.mark.parametrize("tune", ["", ",attention.fused_combine=1"])
 def test_attention_merge_of_many_splits(tiny, tune):
-    """One key a split: a decode step past 150 tokens merges more splits than the merge stages at once
-    (attn_merge.glsl's MERGE_CHUNK, 64), in the combine dispatch and in the fused merge alike."""
+    """One key a split: a decode step past 150 tokens merges over 150 splits (attn_merge.glsl), in the
+    combine dispatch and in the fused merge alike."""
     prompt = [(7 * i + 3) % tiny.config.vocab_size for i in range(150)]
     compare(tiny, prompt, decode=3, tune="attention.split_keys=1,attention.tile=8,attention.wg=64" + tune)
 
