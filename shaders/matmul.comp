@@ -6,6 +6,8 @@
 #include "common.glsl"
 #define WBUF w32
 #define DEQ8 deq_a
+#define DEQ8_FETCH deq_fetch
+#define DEQ8_DECODE deq_decode
 #include "quant.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -46,7 +48,11 @@ void main() {
             uint n = i / (BK / 8u), cc = i % (BK / 8u);
             uint gn = n0 + n;
             vec4 lo = vec4(0.0), hi = vec4(0.0);
-            if (gn < pc.N) deq_a(pc.pl, pc.K, gn, k0 / 8u + cc, lo, hi);
+            if (gn < pc.N) {  // the split decoder (as matmul_coop.comp runs it), so lavapipe checks it too
+                uint raw[DEQ_RAW];
+                deq_fetch(pc.pl, pc.K, gn, k0 / 8u + cc, raw);
+                deq_decode(pc.pl, pc.K, gn, k0 / 8u + cc, raw, lo, hi);
+            }
             uint kb = cc * 8u;
             for (uint e = 0u; e < 4u; ++e) {
                 ws[(kb + e) * (BN + 1) + n] = lo[e];

@@ -3,10 +3,11 @@
 // WMMA): fp16 inputs, fp32 accumulation. A workgroup of SUBGROUPS subgroups computes a BM x BN tile
 // (BM = WM * TM * 16 tokens, BN = (SUBGROUPS / WM) * TN * 16 weight rows); per step it stages BK (32 or
 // 64) columns of X and of the dequantized weight (dequantization fused into the tile load) in shared memory
-// as fp16, four values per store, and each subgroup multiplies its TM x TN grid of 16x16 matrices. The next step's tiles are loaded
-// into registers before this step's products, so global loads overlap the matrix work (one barrier pair per
-// step). Whole 16x16 results go straight to the arena; those cut by the edges go through a per-subgroup
-// 16x16 staging tile, bounds-checked. K must be a multiple of 32. Activations beyond the fp16 range are
+// as fp16, four values per store, and each subgroup multiplies its TM x TN grid of 16x16 matrices. The
+// next step's words are loaded into registers before this step's products and decoded only after them
+// (DEQ8_FETCH / DEQ8_DECODE), so no instruction waits on a global load ahead of the matrix work (one barrier
+// pair per step). Whole 16x16 results go straight to the arena; those cut by the edges go through one
+// shared 16x16 staging tile, bounds-checked. K must be a multiple of 32. Activations beyond the fp16 range are
 // clamped to +-65504 (a documented difference from the fp32 kernel, matmul.comp). The shared tiles are
 // arrays of f16vec4, so cooperative-matrix offsets and strides below count 4-value elements.
 #extension GL_GOOGLE_include_directive : require
@@ -17,6 +18,8 @@
 #include "common.glsl"
 #define WBUF w32
 #define DEQ8 deq_a
+#define DEQ8_FETCH deq_fetch
+#define DEQ8_DECODE deq_decode
 #include "quant.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -43,43 +46,46 @@ layout(push_constant) uniform PC {
 
 shared f16vec4 xs[BM * SX4];
 shared f16vec4 ws[BN * SX4];
-shared float edge[SUBGROUPS * 256u];
+shared float edge[256];  // one 16x16 result cut by the matrix edges, staged
 
 #define CM(use, type) coopmat<type, gl_ScopeSubgroup, 16, 16, use>
 
-vec4 xreg[XL];
-vec4 wreg[2u * WL];
+vec4 xreg[XL];           // step k's X, as loaded
+uint wraw[WL][DEQ_RAW];  // step k's weight words, as loaded
+bool wok[WL];            // the chunk lies inside W
 
-// Registers <- step k0's X and W tiles (zeros outside the matrices).
-void load_tiles(uint k0, uint m0, uint n0, uint tid) {
+// Registers <- the words of step k0's X and W tiles (X zero outside the matrix). Nothing here uses a loaded
+// value, so the loads stay in flight through the products that follow.
+void fetch_tiles(uint k0, uint m0, uint n0, uint tid) {
     [[unroll]] for (uint j = 0u; j < XL; ++j) {
         uint i = tid + j * WG;
         uint m = i / (BK / 4u), c = i % (BK / 4u);
         xreg[j] = vec4(0.0);
-        if (i < BM * (BK / 4u) && m0 + m < pc.T)
-            xreg[j] = clamp(act4[(pc.x_off + (m0 + m) * pc.x_stride + k0) / 4u + c], -65504.0, 65504.0);
+        if (i < BM * (BK / 4u) && m0 + m < pc.T) xreg[j] = act4[(pc.x_off + (m0 + m) * pc.x_stride + k0) / 4u + c];
     }
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
         uint i = tid + j * WG;
         uint n = i / (BK / 8u), c = i % (BK / 8u);
-        wreg[2u * j] = vec4(0.0);
-        wreg[2u * j + 1u] = vec4(0.0);
-        if (i < BN * (BK / 8u) && n0 + n < pc.N) deq_a(pc.pl, pc.K, n0 + n, k0 / 8u + c, wreg[2u * j], wreg[2u * j + 1u]);
+        wok[j] = i < BN * (BK / 8u) && n0 + n < pc.N;
+        if (wok[j]) deq_fetch(pc.pl, pc.K, n0 + n, k0 / 8u + c, wraw[j]);
     }
 }
 
-// Shared tiles <- the registers, as fp16.
-void store_tiles(uint tid) {
+// Shared tiles <- the registers of step k0, decoded and as fp16 (weights zero outside W).
+void store_tiles(uint k0, uint n0, uint tid) {
     [[unroll]] for (uint j = 0u; j < XL; ++j) {
         uint i = tid + j * WG;
-        if (i < BM * (BK / 4u)) xs[(i / (BK / 4u)) * SX4 + i % (BK / 4u)] = f16vec4(xreg[j]);
+        if (i < BM * (BK / 4u)) xs[(i / (BK / 4u)) * SX4 + i % (BK / 4u)] = f16vec4(clamp(xreg[j], -65504.0, 65504.0));
     }
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
         uint i = tid + j * WG;
         if (i < BN * (BK / 8u)) {
-            uint o = (i / (BK / 8u)) * SX4 + 2u * (i % (BK / 8u));
-            ws[o] = f16vec4(wreg[2u * j]);
-            ws[o + 1u] = f16vec4(wreg[2u * j + 1u]);
+            uint n = i / (BK / 8u), c = i % (BK / 8u);
+            vec4 lo = vec4(0.0), hi = vec4(0.0);
+            if (wok[j]) deq_decode(pc.pl, pc.K, n0 + n, k0 / 8u + c, wraw[j], lo, hi);
+            uint o = n * SX4 + 2u * c;
+            ws[o] = f16vec4(lo);
+            ws[o + 1u] = f16vec4(hi);
         }
     }
 }
@@ -92,12 +98,12 @@ void main() {
     CM(gl_MatrixUseAccumulator, float) acc[TM * TN];
     [[unroll]] for (uint i = 0u; i < TM * TN; ++i) acc[i] = CM(gl_MatrixUseAccumulator, float)(0.0);
 
-    load_tiles(0u, m0, n0, tid);
+    fetch_tiles(0u, m0, n0, tid);
+    store_tiles(0u, n0, tid);
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
-        barrier();  // the previous step's products have read the shared tiles
-        store_tiles(tid);
-        barrier();
-        if (k0 + BK < pc.K) load_tiles(k0 + BK, m0, n0, tid);  // in flight during the products below
+        barrier();  // step k0's shared tiles are stored
+        bool more = k0 + BK < pc.K;
+        if (more) fetch_tiles(k0 + BK, m0, n0, tid);  // in flight during the products below
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
             CM(gl_MatrixUseA, float16_t) a[TM];
             CM(gl_MatrixUseB, float16_t) b[TN];
@@ -109,26 +115,34 @@ void main() {
                 [[unroll]] for (uint j = 0u; j < TN; ++j)
                     acc[i * TN + j] = coopMatMulAdd(a[i], b[j], acc[i * TN + j]);
         }
+        barrier();  // the products have read the shared tiles
+        if (more) store_tiles(k0 + BK, n0, tid);
     }
-    // whole 16x16 results straight to the arena (16-byte aligned rows), the rest through `edge`
+    // Whole 16x16 results go straight to the arena (16-byte aligned rows). Those cut by the matrix edges go
+    // through one shared 16x16 tile, one at a time: all threads copy the staged tile out, bounds-checked
+    // (only workgroups on the edges take this path, and only for their cut tiles).
     bool aligned = pc.y_stride % 4u == 0u && (pc.y_off + pc.row0) % 4u == 0u;
-    uint lane = gl_SubgroupInvocationID;
+    bool whole = aligned && m0 + BM <= pc.T && n0 + BN <= pc.N;  // the same in every thread
     [[unroll]] for (uint i = 0u; i < TM; ++i)
         [[unroll]] for (uint j = 0u; j < TN; ++j) {
             uint gm = m0 + (wm * TM + i) * 16u, gn = n0 + (wn * TN + j) * 16u;
-            if (gm >= pc.T || gn >= pc.N) continue;
-            if (aligned && gm + 16u <= pc.T && gn + 16u <= pc.N) {
+            if (gm < pc.T && gn < pc.N && (whole || (aligned && gm + 16u <= pc.T && gn + 16u <= pc.N)))
                 coopMatStore(acc[i * TN + j], act, pc.y_off + gm * pc.y_stride + pc.row0 + gn, pc.y_stride,
                              gl_CooperativeMatrixLayoutRowMajor);
-                continue;
-            }
-            coopMatStore(acc[i * TN + j], edge, sg * 256u, 16u, gl_CooperativeMatrixLayoutRowMajor);
-            subgroupMemoryBarrierShared();
-            subgroupBarrier();
-            for (uint e = lane; e < 256u; e += gl_SubgroupSize) {
-                uint m = gm + e / 16u, n = gn + e % 16u;
-                if (m < pc.T && n < pc.N) act[pc.y_off + m * pc.y_stride + pc.row0 + n] = edge[sg * 256u + e];
-            }
-            subgroupBarrier();
         }
+    if (whole) return;
+    for (uint s = 0u; s < SUBGROUPS; ++s)
+        [[unroll]] for (uint i = 0u; i < TM; ++i)
+            [[unroll]] for (uint j = 0u; j < TN; ++j) {
+                // tile (i, j) of subgroup s; every condition below is the same in every thread
+                uint gm = m0 + ((s % WM) * TM + i) * 16u, gn = n0 + ((s / WM) * TN + j) * 16u;
+                if (gm >= pc.T || gn >= pc.N || (aligned && gm + 16u <= pc.T && gn + 16u <= pc.N)) continue;
+                barrier();  // the previous staged tile has been copied out
+                if (sg == s) coopMatStore(acc[i * TN + j], edge, 0u, 16u, gl_CooperativeMatrixLayoutRowMajor);
+                barrier();
+                for (uint e = tid; e < 256u; e += WG) {
+                    uint m = gm + e / 16u, n = gn + e % 16u;
+                    if (m < pc.T && n < pc.N) act[pc.y_off + m * pc.y_stride + pc.row0 + n] = edge[e];
+                }
+            }
 }

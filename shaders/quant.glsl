@@ -7,7 +7,8 @@
 // re-quantized planar formats of workbench/quant/planar.py: FMT_I8 (int8 per output channel: planes q, f32
 // scale per row) and FMT_I4 with I4_GROUP=32/64/128 (planes q nibbles in split-halves order per group, f16
 // scale per group, and with I4_ASYM a uint8 zero point per group).
-// DEQ8(pl, K, row, c, lo, hi) decodes the 8 values at columns 8c..8c+7 of `row` (K columns).
+// DEQ8(pl, K, row, c, lo, hi) decodes the 8 values at columns 8c..8c+7 of `row` (K columns); defining
+// DEQ8_FETCH and DEQ8_DECODE as names adds the decoder split in a load half and a compute half (below).
 
 #ifndef QUANT_HELPERS
 #define QUANT_HELPERS
@@ -24,85 +25,28 @@ void i8x8(uint w0, uint w1, float d, out vec4 lo, out vec4 hi) {
 }
 #endif
 
+#ifndef DEQ_RAW
+#define DEQ_RAW 8  // the most weight words one decode reads (FMT_F32)
+#endif
+#define WREAD(i, a) WBUF[a]
 void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
-    uint e = row * K + 8u * c;
-#if defined(FMT_F32)
-    uint b = pl.x + e;
-    lo = vec4(uintBitsToFloat(WBUF[b]), uintBitsToFloat(WBUF[b + 1]), uintBitsToFloat(WBUF[b + 2]), uintBitsToFloat(WBUF[b + 3]));
-    hi = vec4(uintBitsToFloat(WBUF[b + 4]), uintBitsToFloat(WBUF[b + 5]), uintBitsToFloat(WBUF[b + 6]), uintBitsToFloat(WBUF[b + 7]));
-#elif defined(FMT_F16)
-    uint b = pl.x + e / 2u;
-    lo = vec4(unpackHalf2x16(WBUF[b]), unpackHalf2x16(WBUF[b + 1]));
-    hi = vec4(unpackHalf2x16(WBUF[b + 2]), unpackHalf2x16(WBUF[b + 3]));
-#elif defined(FMT_BF16)
-    uint b = pl.x + e / 2u;
-    uvec4 w = uvec4(WBUF[b], WBUF[b + 1], WBUF[b + 2], WBUF[b + 3]);
-    lo = vec4(uintBitsToFloat(w.x << 16), uintBitsToFloat(w.x & 0xFFFF0000u), uintBitsToFloat(w.y << 16), uintBitsToFloat(w.y & 0xFFFF0000u));
-    hi = vec4(uintBitsToFloat(w.z << 16), uintBitsToFloat(w.z & 0xFFFF0000u), uintBitsToFloat(w.w << 16), uintBitsToFloat(w.w & 0xFFFF0000u));
-#elif defined(FMT_Q8_0)
-    uint b = pl.x + e / 4u;
-    uint blk = e / 32u;
-    i8x8(WBUF[b], WBUF[b + 1], half_at(WBUF[pl.y + blk / 2u], blk & 1u), lo, hi);
-#elif defined(FMT_Q5_0)
-    uint blk = e / 32u, o = e % 32u;
-    uint qb = pl.x + (blk * 16u + (o & 15u)) / 4u;
-    uint sh = o >= 16u ? 4u : 0u;
-    uint qh = WBUF[pl.y + blk] >> o;  // the fifth bits of columns o..o+7 in bits 0..7
-    float d = half_at(WBUF[pl.z + blk / 2u], blk & 1u);
-    uint n0 = ((WBUF[qb] >> sh) & 0x0F0F0F0Fu) | bit4_per_byte(qh);  // four 5-bit values per word
-    uint n1 = ((WBUF[qb + 1] >> sh) & 0x0F0F0F0Fu) | bit4_per_byte(qh >> 4);
-    lo = d * (bytes4(n0) - 16.0);
-    hi = d * (bytes4(n1) - 16.0);
-#elif defined(FMT_Q4_K)
-    uint sb = e / 256u, r = e % 256u, sub = r / 32u;
-    uint qb = pl.x + (sb * 128u + (r / 64u) * 32u + (r % 32u)) / 4u;
-    uint sh = (sub & 1u) * 4u;
-    uint s0 = WBUF[pl.y + sb * 3u], s1 = WBUF[pl.y + sb * 3u + 1u], s2 = WBUF[pl.y + sb * 3u + 2u];
-    uint scale, mn;  // 6-bit scale and min of the sub-block (llama.cpp's get_scale_min_k4 packing)
-    if (sub < 4u) {
-        scale = bitfieldExtract(s0, int(8u * sub), 6);
-        mn = bitfieldExtract(s1, int(8u * sub), 6);
-    } else {
-        int j = int(8u * (sub - 4u));
-        scale = bitfieldExtract(s2, j, 4) | (bitfieldExtract(s0, j + 6, 2) << 4);
-        mn = bitfieldExtract(s2, j + 4, 4) | (bitfieldExtract(s1, j + 6, 2) << 4);
-    }
-    vec2 dm = unpackHalf2x16(WBUF[pl.z + sb]);
-    float d = dm.x * float(scale), m = dm.y * float(mn);
-    lo = d * bytes4((WBUF[qb] >> sh) & 0x0F0F0F0Fu) - m;
-    hi = d * bytes4((WBUF[qb + 1] >> sh) & 0x0F0F0F0Fu) - m;
-#elif defined(FMT_Q6_K)
-    uint sb = e / 256u, r = e % 256u, h = r / 128u, rr = r % 128u, qd = rr / 32u, l = rr % 32u;
-    uint lb = pl.x + (sb * 128u + h * 64u + (qd & 1u) * 32u + l) / 4u;
-    uint hb = pl.y + (sb * 64u + h * 32u + l) / 4u;
-    uint lsh = (qd >> 1) * 4u, hsh = qd * 2u;
-    uint si = sb * 16u + h * 8u + l / 16u + qd * 2u;
-    int sc = bitfieldExtract(int(WBUF[pl.z + si / 4u]), int((si & 3u) * 8u), 8);
-    float d = half_at(WBUF[pl.w + sb / 2u], sb & 1u) * float(sc);
-    // four 6-bit values per word: low nibbles from ql, the two high bits from qh
-    uint n0 = ((WBUF[lb] >> lsh) & 0x0F0F0F0Fu) | (((WBUF[hb] >> hsh) & 0x03030303u) << 4);
-    uint n1 = ((WBUF[lb + 1] >> lsh) & 0x0F0F0F0Fu) | (((WBUF[hb + 1] >> hsh) & 0x03030303u) << 4);
-    lo = d * (bytes4(n0) - 32.0);
-    hi = d * (bytes4(n1) - 32.0);
-#elif defined(FMT_I8)
-    uint b = pl.x + e / 4u;
-    i8x8(WBUF[b], WBUF[b + 1], uintBitsToFloat(WBUF[pl.y + row]), lo, hi);
-#elif defined(FMT_I4)
-    const uint HALF = I4_GROUP / 2u;
-    uint col = 8u * c, g = col / I4_GROUP, o = col % I4_GROUP;
-    uint byte0 = row * (K / 2u) + g * HALF + (o % HALF);
-    uint sh = o >= HALF ? 4u : 0u;
-    uint gi = row * (K / I4_GROUP) + g;
-    float d = half_at(WBUF[pl.y + gi / 2u], gi & 1u);
-#ifdef I4_ASYM
-    float z = float((WBUF[pl.z + gi / 4u] >> ((gi & 3u) * 8u)) & 0xFFu);
-#else
-    float z = 8.0;
-#endif
-    uint qw = pl.x + byte0 / 4u;
-    lo = d * (bytes4((WBUF[qw] >> sh) & 0x0F0F0F0Fu) - z);
-    hi = d * (bytes4((WBUF[qw + 1u] >> sh) & 0x0F0F0F0Fu) - z);
-#else
-#error "no weight format defined (FMT_F32, FMT_F16, FMT_BF16, FMT_Q8_0, FMT_Q5_0, FMT_Q4_K, FMT_Q6_K)"
-#endif
+#include "deq8_body.glsl"
 }
+#undef WREAD
+
+#ifdef DEQ8_FETCH
+// The same decoder in two halves, for kernels that issue a tile's loads long before they use them (a GEMM
+// loads step k+1 while it multiplies step k): DEQ8_FETCH loads the words DEQ8 would read, DEQ8_DECODE
+// computes the values from them. DEQ8_DECODE(pl, K, row, c, DEQ8_FETCH(pl, K, row, c)) == DEQ8(pl, K, row, c).
+void DEQ8_FETCH(uvec4 pl, uint K, uint row, uint c, out uint raw[DEQ_RAW]) {
+    vec4 lo, hi;  // computed and dropped: the compiler keeps only the loads
+#define WREAD(i, a) (raw[i] = WBUF[a])
+#include "deq8_body.glsl"
+#undef WREAD
+}
+void DEQ8_DECODE(uvec4 pl, uint K, uint row, uint c, uint raw[DEQ_RAW], out vec4 lo, out vec4 hi) {
+#define WREAD(i, a) raw[i]
+#include "deq8_body.glsl"
+#undef WREAD
+}
+#endif

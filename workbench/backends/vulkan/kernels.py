@@ -286,11 +286,13 @@ class Tuning:
             "matmul.wg_m": 16,
             "matmul.tm": 4,
             "matmul.tn": 4,
-            "matmul_coop.wg": (8 if feats.coopmat_f16 else 4) * sg,
-            "matmul_coop.wm": 2,
+            # 16 subgroups of 2x2 16x16 tiles (a 128x128 tile), 64 K columns per step: near the tuner's winners
+            # at the 27B shapes (docs/backend-vulkan.md#prefill-gemm); fewer where a workgroup cannot be so large
+            "matmul_coop.wg": coop_subgroups(feats) * sg,
+            "matmul_coop.wm": 4 if coop_subgroups(feats) % 4 == 0 else 2,
             "matmul_coop.tm": 2,
             "matmul_coop.tn": 2,
-            "matmul_coop.bk": 32,  # K columns staged per step (32 or 64; 64 halves the barriers per K)
+            "matmul_coop.bk": 64,  # K columns staged per step (32 or 64; 64 halves the barriers per K)
             "attention.wg": max(256, sg),
             "attention.tile": 64,
             "attn_combine.wg": max(64, sg),
@@ -316,6 +318,11 @@ class Tuning:
             self.values["matvec.q8"] = int(
                 feats.int_dot_fast and hidden >= self.values["matvec.q8_min_hidden"]
             )
+        v = self.values
+        coop = ("matmul_coop.wg", "matmul_coop.wm", "matmul_coop.tm", "matmul_coop.tn", "matmul_coop.bk")
+        defaults = feats.coopmat_f16 and not any(k in (overrides or {}) for k in coop)
+        if defaults and coop_errors(*(v[k] for k in coop[:4]), feats, v["matmul_coop.bk"]):
+            v["matmul_coop.bk"] = 32  # the default tile with 64 K columns needs more shared memory than here
         if not self.values["matvec.wg_tall"]:
             self.values["matvec.wg_tall"] = self.values["matvec.wg"]
         for key in ROW_THREAD_KEYS:
@@ -430,6 +437,15 @@ def batch_row_threads(v: dict[str, int], k: int, pair: bool = False) -> int:
 COOP_BK = (32, 64)  # the K columns matmul_coop.comp can stage per step
 
 
+def coop_subgroups(f: DeviceFeatures) -> int:
+    """Subgroups of the default cooperative-matrix GEMM workgroup: 16 of 32 lanes (or fewer, wider ones)."""
+    sg = max(f.subgroup_size, 1)
+    n = 16 if sg <= 32 else 8
+    while n > 1 and n * sg > f.max_invocations:
+        n //= 2
+    return n if f.coopmat_f16 else max(n // 2, 1)
+
+
 def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:
     """(BM, BN) of the cooperative-matrix GEMM for tunables ``v``."""
     subgroups = v["matmul_coop.wg"] // max(subgroup_size, 1)
@@ -449,9 +465,7 @@ def coop_errors(wg: int, wm: int, tm: int, tn: int, f: DeviceFeatures, bk: int =
     if errors:
         return errors
     bm, bn = wm * tm * 16, subgroups // wm * tn * 16
-    shared = (bm + bn) * (
-        bk + 8
-    ) * 2 + subgroups * 256 * 4  # fp16 tiles + a 16x16 fp32 edge tile per subgroup
+    shared = (bm + bn) * (bk + 8) * 2 + 256 * 4  # fp16 tiles + one 16x16 fp32 edge tile
     if shared > f.max_shared_memory:
         errors.append(
             f"matmul_coop tile {bm}x{bn} needs {shared} B of shared memory (device: {f.max_shared_memory})"
