@@ -30,7 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 import workbench as wb
-from workbench._numba import numba
+from workbench.numba_jit import numba
 
 I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 CHAINS = 10  # independent chains: more than latency x throughput of every instruction measured

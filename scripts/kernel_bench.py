@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # workbench before numpy: it sets OpenBLAS's thread environment (workbench.blas_env) before numpy loads it
 import workbench as wb  # noqa: I001
 import numpy as np
-from workbench._numba import numba
+from workbench.numba_jit import numba
 from workbench.backends.numba_cpu import ACT_QUANT, CpuBackend
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import matvec_table as mt

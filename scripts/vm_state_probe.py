@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench._numba import numba
 from workbench.instrument.devices import stream_buffer, stream_read_gbs, thread_round_trip_us
+from workbench.numba_jit import numba
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_peak import _op_kernel  # a sibling script

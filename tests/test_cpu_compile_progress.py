@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from workbench._numba import numba
 from workbench.backends.numba_cpu.compile_progress import CompileProgress
+from workbench.numba_jit import numba
 
 
 def test_compiling_draws_a_bar_naming_the_kernel_and_a_cached_run_draws_nothing():

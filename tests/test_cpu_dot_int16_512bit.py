@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench._numba import numba
 from workbench.backends.numba_cpu import dot_int16_512bit
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu.dot_int16_128bit import make_dot_i16
 from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.models.synth import random_blocks
+from workbench.numba_jit import numba
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
 from workbench.quant.repack import q6_k_to_i8

@@ -12,8 +12,8 @@ import re
 import pytest
 from numba import types
 
-from workbench._numba import numba
 from workbench.backends.numba_cpu import attend_simd, dispatch, dot_int16_128bit, dot_int16_512bit, nm, qsimd
+from workbench.numba_jit import numba
 
 FLAGS = "fast|reassoc|nnan|ninf|nsz|arcp|contract|afn"
 FLOAT_OP = re.compile(rf"= (fadd|fsub|fmul|fdiv|fneg|call)((?: (?:{FLAGS}))*) ")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench._numba import numba
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu import matvec_table as mt
 from workbench.backends.numba_cpu.instructions import MAX_W
 from workbench.models.synth import random_blocks
+from workbench.numba_jit import numba
 from workbench.quant.formats import GGMLType
 
 Q8_0 = int(GGMLType.Q8_0)

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench._numba import numba
 from workbench.backends import make_backend
 from workbench.backends.base import Step
 from workbench.backends.numba_cpu import instructions as ins
@@ -20,6 +19,7 @@ from workbench.backends.numba_cpu import program as pg
 from workbench.backends.numba_cpu import shards as sh
 from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.models.synth import random_blocks
+from workbench.numba_jit import numba
 from workbench.quant.formats import GGMLType
 from workbench.quant.repack import q4_k_to_r16, q5_0_to_r16, q5_0_to_x4, q6_k_to_i8, q8_0_to_r16
 

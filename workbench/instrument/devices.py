@@ -189,14 +189,14 @@ def stream_buffer(mb: int = 256) -> np.ndarray:
 def stream_read_gbs(threads: int, mb: int = 256, repeats: int = 5, arr: np.ndarray | None = None) -> float:
     """Host streaming read bandwidth (GB/s): a numba prange sum over ``mb`` MiB (or ``arr``), best of
     ``repeats``, on ``threads`` threads."""
-    from .. import _numba
+    from .. import numba_jit
 
-    nb = _numba.numba
+    nb = numba_jit.numba
     arr = stream_buffer(mb) if arr is None else arr
     prev = nb.get_num_threads()
     nb.set_num_threads(threads)
     try:
-        fn = _numba.stream_sum
+        fn = numba_jit.stream_sum
         fn(arr)  # compile / load from cache
         best = 0.0
         for _ in range(repeats):
@@ -212,18 +212,18 @@ def thread_round_trip_us(threads: int, loops: int = 2000) -> float:
     """Microseconds of one empty numba parallel loop on ``threads`` threads (hand the work out, wait for the
     threads), median of 5 batches of ``loops``. On a VM it can move with the host's bandwidth (vCPUs placed
     on one chiplet or on two, where every exchange of data costs more: docs/backend-cpu.md#machines)."""
-    from .. import _numba
+    from .. import numba_jit
 
-    nb = _numba.numba
+    nb = numba_jit.numba
     a = np.zeros((max(threads, 1), 16), np.float32)
     prev = nb.get_num_threads()
     nb.set_num_threads(threads)
     try:
-        _numba.fork_joins(a, 2)  # compile / load from cache
+        numba_jit.fork_joins(a, 2)  # compile / load from cache
         times = []
         for _ in range(5):
             t0 = time.perf_counter()
-            _numba.fork_joins(a, loops)
+            numba_jit.fork_joins(a, loops)
             times.append((time.perf_counter() - t0) / loops)
     finally:
         nb.set_num_threads(prev)

@@ -65,7 +65,7 @@ def _q4_1(raw: np.ndarray) -> np.ndarray:
     return (d * q + m).reshape(-1)
 
 
-def _q5_bits(qh_bytes: np.ndarray) -> np.ndarray:
+def q5_bits(qh_bytes: np.ndarray) -> np.ndarray:
     """The 32 high bits of a Q5_0/Q5_1 block, as (n_blocks, 32) values 0/1."""
     qh = np.ascontiguousarray(qh_bytes).view(_U32)
     return ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
@@ -75,7 +75,7 @@ def _q5_0(raw: np.ndarray) -> np.ndarray:
     b = _blocks(raw, 22)
     d = _f16(b[:, 0:2])
     qs = b[:, 6:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | (_q5_bits(b[:, 2:6]) << 4)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | (q5_bits(b[:, 2:6]) << 4)
     return (d * (q.astype(np.int8) - np.int8(16)).astype(np.float32)).reshape(-1)
 
 
@@ -83,7 +83,7 @@ def _q5_1(raw: np.ndarray) -> np.ndarray:
     b = _blocks(raw, 24)
     d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     qs = b[:, 8:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | (_q5_bits(b[:, 4:8]) << 4)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | (q5_bits(b[:, 4:8]) << 4)
     return (d * q.astype(np.float32) + m).reshape(-1)
 
 

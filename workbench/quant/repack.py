@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dequant import _q5_bits, q6_k_codes
+from .dequant import q5_bits, q6_k_codes
 
 Q5_0_BYTES, Q8_0_BYTES = 22, 34
 Q6_K_BYTES, Q6_K_I8_BYTES = 210, 274
@@ -52,7 +52,7 @@ def q5_0_to_q8_0(raw: np.ndarray) -> np.ndarray:
         raise ValueError(f"Q5_0 rows must be (rows, a multiple of {Q5_0_BYTES} bytes), got {raw.shape}")
     b = np.ascontiguousarray(raw).reshape(-1, Q5_0_BYTES)
     qs = b[:, 6:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | (_q5_bits(b[:, 2:6]) << 4)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | (q5_bits(b[:, 2:6]) << 4)
     out = np.empty((len(b), Q8_0_BYTES), np.uint8)
     out[:, :2] = b[:, :2]
     out[:, 2:] = (q.astype(np.int8) - np.int8(16)).view(np.uint8)
@@ -122,7 +122,7 @@ def q5_0_to_r16(raw: np.ndarray) -> np.ndarray:
     n_g, _, nb, _ = g.shape
     out = np.empty((n_g, nb, ROW_GROUP * Q5_0_BYTES), np.uint8)
     out[:, :, 0:32] = _interleaved(g, 0, 2, 2)
-    bits = _q5_bits(g[:, :, :, 2:6].reshape(-1, 4)).reshape(n_g, ROW_GROUP, nb, 16, 2)  # (.., slot, 2 values)
+    bits = q5_bits(g[:, :, :, 2:6].reshape(-1, 4)).reshape(n_g, ROW_GROUP, nb, 16, 2)  # (.., slot, 2 values)
     bits = bits.transpose(0, 2, 3, 1, 4).reshape(n_g, nb, 16, 32).astype(np.uint32)  # bit 2r + j of word k
     words = (bits << np.arange(32, dtype=np.uint32)).sum(axis=3, dtype=np.uint32)
     out[:, :, 32:96] = words.astype("<u4").view(np.uint8).reshape(n_g, nb, 64)

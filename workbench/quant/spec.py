@@ -72,7 +72,7 @@ class QuantSpec:
         return all(r.format is None for r in self.rules)
 
 
-def _parse_layers(text: str, n_layers: int | None, item: str) -> frozenset[int]:
+def parse_layers(text: str, n_layers: int | None, item: str) -> frozenset[int]:
     out: set[int] = set()
     for part in text.split("+"):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
@@ -122,7 +122,7 @@ def parse_spec(text: str, n_layers: int | None = None) -> QuantSpec:
             kinds = LAYER_KINDS
             if not layer_text:
                 raise SpecError(f"quant spec item {item!r}: give a weight kind, @LAYERS, or both")
-        layers = _parse_layers(layer_text, n_layers, item) if layer_text else None
+        layers = parse_layers(layer_text, n_layers, item) if layer_text else None
         if layers is not None and set(kinds) <= set(GLOBAL_KINDS):
             raise SpecError(f"quant spec item {item!r}: {target} is not a per-layer weight")
         rules.append(Rule(tuple(kinds), layers, _format(fmt_text, item)))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ..quant.spec import GROUPS, LAYER_KINDS, SpecError, _parse_layers
+from ..quant.spec import GROUPS, LAYER_KINDS, SpecError, parse_layers
 
 FFN_METHODS = ("topk", "stat")
 DOWN_FORMATS = ("fp32", "fp16", "int8")
@@ -120,7 +120,7 @@ def parse_sparsity(text: str | None, n_layers: int | None = None) -> SparsitySpe
                 target = float(value)
             except ValueError:
                 raise SpecError(f"sparsity item {item!r}: {value!r} is not a number") from None
-            layers = _parse_layers(layer_text, n_layers, item) if layer_text else None
+            layers = parse_layers(layer_text, n_layers, item) if layer_text else None
             ffn = FfnSparsity(method, check_fraction(target, f"sparsity item {item!r}"), layers)
         elif key == "nm":
             m = re.fullmatch(r"(\d+):(\d+)", value.strip())
@@ -129,18 +129,18 @@ def parse_sparsity(text: str | None, n_layers: int | None = None) -> SparsitySpe
             kinds, layers = LAYER_KINDS, None
             first, _, rest = layer_text.partition("@")
             if re.fullmatch(r"[\d+\-]+", first):
-                layers = _parse_layers(first, n_layers, item)
+                layers = parse_layers(first, n_layers, item)
             elif first:
                 kinds = GROUPS.get(first, (first,))
                 if any(k not in LAYER_KINDS for k in kinds):
                     raise SpecError(
                         f"sparsity item {item!r}: unknown weights {first!r} (attn, ffn or a layer weight)"
                     )
-                layers = _parse_layers(rest, n_layers, item) if rest else None
+                layers = parse_layers(rest, n_layers, item) if rest else None
             nm = NMSparsity(int(m.group(1)), int(m.group(2)), tuple(kinds), layers)
         elif key == "attn-blocks":
             blocks = _parse_blocks(
-                item, value, _parse_layers(layer_text, n_layers, item) if layer_text else None
+                item, value, parse_layers(layer_text, n_layers, item) if layer_text else None
             )
         elif key == "attn-window":
             try:

@@ -19,9 +19,9 @@ from llvmlite import binding as llvm
 from threadpoolctl import ThreadpoolController
 
 from ... import blas_env
-from ..._numba import numba, stream_sum
 from ...hostinfo import host_cores, host_cpu_name
 from ...models.model import Model
+from ...numba_jit import numba, stream_sum
 from ...ops import reference as ref
 from ...ops.fusion import RULES, fuse
 from ...ops.graph import Graph, Op

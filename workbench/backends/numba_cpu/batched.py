@@ -6,7 +6,7 @@ Figures: docs/backend-cpu.md#batched-kernels."""
 
 from __future__ import annotations
 
-from ..._numba import numba
+from ...numba_jit import numba
 from .dispatch import dot_row_f32_rows8, dot_row_i16_rows8
 from .dot_f32_rows8 import ROWS, pad_rows
 from .interleaved import rows_i16 as r16_rows_i16

@@ -12,7 +12,7 @@ import sys
 import threading
 from types import TracebackType
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...paths import cache_dir
 
 event = numba.core.event

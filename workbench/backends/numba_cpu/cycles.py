@@ -9,7 +9,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 
 
 @intrinsic

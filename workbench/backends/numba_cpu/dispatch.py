@@ -3,7 +3,7 @@ not edit. One function per activation kind: the layout code picks the kernel (do
 
 from __future__ import annotations
 
-from ..._numba import numba
+from ...numba_jit import numba
 from .kernel_table import build_kernels
 
 _K = build_kernels()

@@ -14,7 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 from .llvm_ir import F32, I64, PREFETCH_AHEAD, as_ptr, emit_prefetch, for_units, scale_vec, splat, vt
 from .simd import format_code
 

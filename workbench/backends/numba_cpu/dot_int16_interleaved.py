@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...quant.repack import Q4_K_BYTES, Q5_0_BYTES, Q8_0_BYTES, ROW_GROUP
 from .dot_int8_vnni import HAS_VNNI
 from .dot_int16_512bit import PREFETCH_AHEAD, nibble_words

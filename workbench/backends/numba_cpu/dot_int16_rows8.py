@@ -17,7 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 from .dot_f32_rows8 import strict_hsum
 from .llvm_ir import (
     F32,

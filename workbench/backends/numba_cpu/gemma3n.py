@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._numba import numba
 from ...models.weights import QTensor
+from ...numba_jit import numba
 from ...ops.graph import Op
 from ..base import Step, UnsupportedOpError
 from . import kernels as k

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...quant.repack import Q4_K_BYTES, Q5_0_BYTES, Q8_0_BYTES, ROW_GROUP
 from .addr import u8_ptr
 from .dispatch import dot16_i16

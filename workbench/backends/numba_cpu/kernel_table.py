@@ -121,7 +121,7 @@ def render() -> str:
         "",
         "from __future__ import annotations",
         "",
-        "from ..._numba import numba",
+        "from ...numba_jit import numba",
         "from .kernel_table import build_kernels",
         "",
         "_K = build_kernels()",

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..._numba import numba
+from ...numba_jit import numba
 from . import attend_simd as av
 
 njit = numba.njit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from threadpoolctl import ThreadpoolController
 
-from ..._numba import numba
+from ...numba_jit import numba
 from . import matvec as mv
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...quant.formats import GGMLType
 from ...quant.repack import ROW_GROUP
 from .addr import i16_ptr

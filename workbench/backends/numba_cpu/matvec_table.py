@@ -9,7 +9,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 from .addr import prefetch
 from .matvec import W_FMT, W_ROWS, rows_at, task_count, task_size
 

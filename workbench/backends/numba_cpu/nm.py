@@ -21,7 +21,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 from .llvm_ir import F32, FAST, I8, I16, I32, I64, as_ptr, emit_prefetch, hsum, ptr, vt
 
 njit, prange = numba.njit, numba.prange

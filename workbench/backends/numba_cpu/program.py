@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._numba import numba
+from ...numba_jit import numba
 from . import kernels as k
 from . import matvec as mv
 from . import matvec_table as mt

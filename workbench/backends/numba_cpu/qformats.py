@@ -16,7 +16,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...quant.formats import GGMLType
 from ...quant.planar import PlanarFormat, PlanarTensor
 from .nm import KIND_CODE, PAIR_COMBOS, VALUE_VIEW, matvec_2_4, matvec_nm, pair_codes, pair_table

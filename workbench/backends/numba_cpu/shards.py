@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 
-from ..._numba import numba
+from ...numba_jit import numba
 from . import instructions as ins
 from . import matvec as mv
 from . import program as pg

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...ops import reference as ref
 from ...ops.graph import Op
 from ...quant.planar import PlanarTensor, fake_quant_rows_int8

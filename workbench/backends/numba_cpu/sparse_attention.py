@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...ops.graph import Op
 from ...sparsity.attention import KIND, block_kept
 from ..base import Step

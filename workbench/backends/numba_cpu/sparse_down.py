@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._numba import numba
+from ...numba_jit import numba
 from ...sparsity.ffn import down_columns
 from .addr import f32_ptr, i8_ptr, prefetch, u16_ptr
 from .qformats import half_to_float
