@@ -302,7 +302,7 @@ class Tuning:
             "kv_store.wg": 128,
             "argmax.wg": 256,
             "gemma3n.wg": max(128, sg),
-            "quant_act.wg": 32,  # one block of 32 values a thread: several small workgroups
+            "quant_act.wg": max(32, sg),  # one block of 32 values a thread: several small workgroups
             **PROGRAM_TUNABLES,
         }
         for key, text in (overrides or {}).items():
