@@ -35,17 +35,9 @@
     uint qb = pl.x + (sb * 128u + (r / 64u) * 32u + (r % 32u)) / 4u;
     uint sh = (sub & 1u) * 4u;
     uint s0 = WREAD(0, pl.y + sb * 3u), s1 = WREAD(1, pl.y + sb * 3u + 1u), s2 = WREAD(2, pl.y + sb * 3u + 2u);
-    uint scale, mn;  // 6-bit scale and min of the sub-block (llama.cpp's get_scale_min_k4 packing)
-    if (sub < 4u) {
-        scale = bitfieldExtract(s0, int(8u * sub), 6);
-        mn = bitfieldExtract(s1, int(8u * sub), 6);
-    } else {
-        int j = int(8u * (sub - 4u));
-        scale = bitfieldExtract(s2, j, 4) | (bitfieldExtract(s0, j + 6, 2) << 4);
-        mn = bitfieldExtract(s2, j + 4, 4) | (bitfieldExtract(s1, j + 6, 2) << 4);
-    }
+    uvec2 sm = k4_scale_min(s0, s1, s2, sub);
     vec2 dm = unpackHalf2x16(WREAD(3, pl.z + sb));
-    float d = dm.x * float(scale), m = dm.y * float(mn);
+    float d = dm.x * float(sm.x), m = dm.y * float(sm.y);
     lo = d * bytes4((WREAD(4, qb) >> sh) & 0x0F0F0F0Fu) - m;
     hi = d * bytes4((WREAD(5, qb + 1) >> sh) & 0x0F0F0F0Fu) - m;
 #elif defined(FMT_Q6_K)

@@ -17,6 +17,14 @@ float half_at(uint word, uint which) { return unpackHalf2x16(word)[which]; }
 vec4 bytes4(uint w) { return vec4(uvec4(w, w >> 8, w >> 16, w >> 24) & 0xFFu); }
 // bits 0..3 of x to bit 4 of bytes 0..3 (the multiply puts copies of x 7 bits apart: bit k lands on bit 8k)
 uint bit4_per_byte(uint x) { return (((x & 0xFu) * 0x204081u) & 0x01010101u) << 4; }
+// 6-bit scale and min of sub-block `sub` (0..7) of a Q4_K superblock from its three scale words
+// (llama.cpp's get_scale_min_k4 packing)
+uvec2 k4_scale_min(uint s0, uint s1, uint s2, uint sub) {
+    if (sub < 4u) return uvec2(bitfieldExtract(s0, int(8u * sub), 6), bitfieldExtract(s1, int(8u * sub), 6));
+    int j = int(8u * (sub - 4u));
+    return uvec2(bitfieldExtract(s2, j, 4) | (bitfieldExtract(s0, j + 6, 2) << 4),
+                 bitfieldExtract(s2, j + 4, 4) | (bitfieldExtract(s1, j + 6, 2) << 4));
+}
 // 8 signed bytes (two words) times a scale
 void i8x8(uint w0, uint w1, float d, out vec4 lo, out vec4 hi) {
     int a = int(w0), b = int(w1);

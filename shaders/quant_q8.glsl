@@ -13,7 +13,8 @@
 // (Q4_K's minimum, the -16 / -32 / zero points) come out of the activation sums instead of per value.
 //
 // Include with WBUF (uint words) and WBUF4 (uvec4) set to one weight binding and UNITW_LOAD to the loader's
-// name (twice for a fused gate/up pair); UNIT_COLS and unit_dot are defined on the first include.
+// name (twice for a fused gate/up pair); UNIT_COLS and unit_dot are defined on the first include. Include
+// quant.glsl first: its helpers (half_at, bit4_per_byte, k4_scale_min) serve both.
 
 #ifndef QUANT_Q8_COMMON
 #define QUANT_Q8_COMMON
@@ -104,11 +105,6 @@ float unit_dot(UnitW w, uint u, uint qbase4, uint mbase4) {
 }
 #endif  // QUANT_Q8_COMMON
 
-#ifndef Q8_HELPERS_DONE
-#define Q8_HELPERS_DONE
-float q8_half_at(uint word, uint which) { return unpackHalf2x16(word)[which]; }
-#endif
-
 // Decodes unit u of `row` (K columns) of the weight in WBUF/WBUF4 with plane word offsets pl.
 UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
     UnitW w;
@@ -117,7 +113,7 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
     uvec4 a = WBUF4[pl.x / 4u + 2u * blk], b = WBUF4[pl.x / 4u + 2u * blk + 1u];
     w.q[0] = a.x; w.q[1] = a.y; w.q[2] = a.z; w.q[3] = a.w;
     w.q[4] = b.x; w.q[5] = b.y; w.q[6] = b.z; w.q[7] = b.w;
-    w.sc[0] = q8_half_at(WBUF[pl.y + blk / 2u], blk & 1u);
+    w.sc[0] = half_at(WBUF[pl.y + blk / 2u], blk & 1u);
     w.sc[1] = 0.0; w.sc[2] = 0.0; w.sc[3] = 0.0;
 #elif defined(FMT_I8)
     uint e = row * (K / 32u) + u;
@@ -135,7 +131,7 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
         w.q[i] = (nw[i] & 0x0F0F0F0Fu) | bit4_per_byte(qh >> (4u * i));
         w.q[4u + i] = ((nw[i] >> 4) & 0x0F0F0F0Fu) | bit4_per_byte(qh >> (16u + 4u * i));
     }
-    w.sc[0] = q8_half_at(WBUF[pl.z + blk / 2u], blk & 1u);
+    w.sc[0] = half_at(WBUF[pl.z + blk / 2u], blk & 1u);
     w.sc[1] = 16.0; w.sc[2] = 0.0; w.sc[3] = 0.0;
 #elif defined(FMT_Q4_K)
     uint sbs = K / 256u, sb = row * sbs + u / 8u, p = (u / 2u) % 4u, h = u & 1u;
@@ -148,17 +144,9 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
     uint s0 = WBUF[pl.y + sb * 3u], s1 = WBUF[pl.y + sb * 3u + 1u], s2 = WBUF[pl.y + sb * 3u + 2u];
     vec2 dm = unpackHalf2x16(WBUF[pl.z + sb]);
     [[unroll]] for (uint k = 0u; k < 2u; ++k) {
-        uint sub = 2u * p + k, scale, mn;  // llama.cpp's get_scale_min_k4 packing
-        if (sub < 4u) {
-            scale = bitfieldExtract(s0, int(8u * sub), 6);
-            mn = bitfieldExtract(s1, int(8u * sub), 6);
-        } else {
-            int j = int(8u * (sub - 4u));
-            scale = bitfieldExtract(s2, j, 4) | (bitfieldExtract(s0, j + 6, 2) << 4);
-            mn = bitfieldExtract(s2, j + 4, 4) | (bitfieldExtract(s1, j + 6, 2) << 4);
-        }
-        w.sc[2u * k] = dm.x * float(scale);
-        w.sc[2u * k + 1u] = dm.y * float(mn);
+        uvec2 sm = k4_scale_min(s0, s1, s2, 2u * p + k);
+        w.sc[2u * k] = dm.x * float(sm.x);
+        w.sc[2u * k + 1u] = dm.y * float(sm.y);
     }
 #elif defined(FMT_Q6_K)
     uint sbs = K / 256u, sb = row * sbs + u / 4u, hh = (u / 2u) % 2u, h = u & 1u;
@@ -178,7 +166,7 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
     }
     // scales: 16 signed bytes a superblock; quarter i of this unit uses byte hh*8 + h + 2*i
     uint sw0 = WBUF[pl.z + sb * 4u + hh * 2u], sw1 = WBUF[pl.z + sb * 4u + hh * 2u + 1u];
-    float d = q8_half_at(WBUF[pl.w + sb / 2u], sb & 1u);
+    float d = half_at(WBUF[pl.w + sb / 2u], sb & 1u);
     w.sc[0] = d * float(bitfieldExtract(int(sw0), int(8u * h), 8));
     w.sc[1] = d * float(bitfieldExtract(int(sw0), int(8u * h + 16u), 8));
     w.sc[2] = d * float(bitfieldExtract(int(sw1), int(8u * h), 8));
@@ -194,7 +182,7 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
         w.q[4u + i] = (nw[i] >> 4) & 0x0F0F0F0Fu;
     }
     uint gi = row * (K / I4_GROUP) + g;
-    w.sc[0] = q8_half_at(WBUF[pl.y + gi / 2u], gi & 1u);
+    w.sc[0] = half_at(WBUF[pl.y + gi / 2u], gi & 1u);
 #ifdef I4_ASYM
     w.sc[1] = float((WBUF[pl.z + gi / 4u] >> ((gi & 3u) * 8u)) & 0xFFu);
 #else
