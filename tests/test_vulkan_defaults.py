@@ -67,3 +67,28 @@ def test_forced_gemm_tile_beyond_shared_memory_is_rejected():
 def test_defaults_are_valid_on_described_devices(kw):
     """Every default must pass the backend's own checks whatever the subgroup size (wave64 included)."""
     Tuning(features(**kw))
+
+
+def test_tuning_entries_of_another_kernel_version_are_reported_not_applied(tmp_path):
+    """An entry records the hash of its kernel's source; after the shader changes it no longer applies
+    (counted), while entries written before hashes were recorded still apply (counted as unversioned)."""
+    from workbench.backends.vulkan.shaders import source_hash
+    from workbench.backends.vulkan.tuned import TuningDB, driver_of
+
+    f = features()
+    params = {"wg": 256, "row_threads": 32, "rows": 1}
+    db = TuningDB(tmp_path / "db.json")
+    db.put(f, "matvec/Q4_K/q8/2048x5376/t1", params, {"us": 1.0})
+    assert db.entries[0]["kernel"] == source_hash("matvec") != source_hash("matmul_coop")
+    base = {"device": f.name, "driver": driver_of(f), "params": params}
+    db.entries += [
+        {**base, "key": "matvec/Q4_K/q8/4096x5376/t1", "kernel": "0" * 16},  # an older matvec.comp
+        {**base, "key": "matvec/Q6_K/q8/2048x5376/t1"},  # written before entries recorded versions
+    ]
+    db.save()
+    applied = TuningDB.load(db.path).for_device(f)
+    assert set(applied.params) == {"matvec/Q4_K/q8/2048x5376/t1", "matvec/Q6_K/q8/2048x5376/t1"}
+    info = applied.describe()
+    assert (
+        info["ignored_other_kernel"] == 1 and info["unversioned"] == 1 and info["ignored_other_driver"] == 0
+    )

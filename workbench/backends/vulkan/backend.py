@@ -128,6 +128,9 @@ class VulkanBackend(Backend):
                 if self.tunable("tuned", True)
                 else AppliedTuning(None, {})
             )
+            if self.tuned.other_kernel:  # tuned for kernels this version no longer has: say so, once
+                print(f"vulkan backend: {self.tuned.other_kernel} entries of {self.tuned.path} were tuned for another "
+                      "version of their kernel and are not applied; run `workbench tune` again", file=sys.stderr)  # fmt: skip
             self.fused = self.tunable("fused", True)
             self.gemm_kernel, self.gemm_note = self._choose_gemm()
             self.timestamps = self.tunable("timestamps", True) and self.dev.features.timestamps

@@ -43,6 +43,21 @@ def _key(name: str, defines: tuple[str, ...]) -> str:
     return h.hexdigest()[:24]
 
 
+def source_hash(name: str) -> str:
+    """A hash of ``shaders/<name>.comp`` and the ``.glsl`` files it includes (transitively): what a kernel's
+    tuned parameters were found for (the tuning database ignores entries of another version)."""
+    h, seen, todo = hashlib.sha256(), set(), [f"{name}.comp"]
+    while todo:
+        f = todo.pop()
+        if f in seen or not (SHADER_DIR / f).exists():
+            continue
+        seen.add(f)
+        text = (SHADER_DIR / f).read_text()
+        h.update(f.encode() + text.encode())
+        todo += re.findall(r'^\s*#include\s+"([^"]+)"', text, flags=re.M)
+    return h.hexdigest()[:16]
+
+
 def variant_name(name: str, defines: Iterable[str]) -> str:
     """``matvec`` + ``(FMT_Q4_K, NORM)`` -> ``matvec_q4_k_norm`` (the llama.cpp naming habit)."""
     parts = [d.replace("=", "").removeprefix("FMT_").removeprefix("OP_").lower() for d in defines]

@@ -2,8 +2,10 @@
 
 An entry is keyed by the device's name, its driver version and an op shape (:func:`matvec_key`,
 :func:`gemm_key`); its parameters replace the tunables' defaults for that shape alone. Entries of another
-driver are never applied (kernels tuned on one driver can be slow or invalid on another); they are counted
-and reported in the backend's device details, as are entries the device cannot run. The file is JSON,
+driver are never applied (kernels tuned on one driver can be slow or invalid on another), nor entries found
+for another version of the kernel's source (an entry records :func:`~.shaders.source_hash`; entries written
+before it was recorded still apply, counted as unversioned); they are counted and reported in the backend's
+device details, as are entries the device cannot run. The file is JSON,
 ``$WORKBENCH_TUNING_DB`` or ``<cache>/tuning/vulkan.json``; writes go through a temporary file and a rename,
 so an interrupted ``tune`` loses nothing already stored. See docs/backend-vulkan.md#the-autotuner.
 """
@@ -20,6 +22,7 @@ from typing import Any
 from ...paths import cache_dir
 from .device import DeviceFeatures
 from .kernels import coop_errors
+from .shaders import source_hash
 
 FORMAT_VERSION = 1
 # the parameters an entry may set, per kernel
@@ -102,14 +105,17 @@ class TuningDB:
             for e in self.entries
             if not (e.get("device") == f.name and e.get("driver") == driver_of(f) and e.get("key") == key)
         ]
-        entry = {"device": f.name, "driver": driver_of(f), "key": key, "params": dict(params)}
+        entry = {"device": f.name, "driver": driver_of(f), "key": key, "params": dict(params),
+                 "kernel": source_hash(key.split("/", 1)[0])}  # fmt: skip
         self.entries.append({**entry, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), **record})
 
     def for_device(self, f: DeviceFeatures) -> AppliedTuning:
-        """The entries this device can use, and counts of those it cannot (other driver, invalid)."""
+        """The entries this device can use, and counts of those it cannot (other driver, other kernel
+        version, invalid)."""
         usable: dict[str, dict[str, int]] = {}
-        other_driver = invalid = 0
+        other_driver = other_kernel = unversioned = invalid = 0
         notes: list[str] = []
+        versions: dict[str, str] = {}
         for e in self.entries:
             if e.get("device") != f.name:
                 continue
@@ -118,13 +124,17 @@ class TuningDB:
                 continue
             key, params = str(e.get("key", "")), e.get("params")
             kernel = key.split("/", 1)[0]
+            if "kernel" in e and e["kernel"] != versions.setdefault(kernel, source_hash(kernel)):
+                other_kernel += 1
+                continue
             errors = param_errors(kernel, params, f) if isinstance(params, dict) else ["no params"]
             if errors:
                 invalid += 1
                 notes.append(f"{key}: {'; '.join(errors)}")
                 continue
             usable[key] = {k: int(v) for k, v in params.items()}
-        return AppliedTuning(self.path, usable, other_driver, invalid, notes)
+            unversioned += "kernel" not in e
+        return AppliedTuning(self.path, usable, other_driver, invalid, notes, other_kernel, unversioned)
 
 
 @dataclass
@@ -136,6 +146,8 @@ class AppliedTuning:
     other_driver: int = 0
     invalid: int = 0
     notes: list[str] = field(default_factory=list)
+    other_kernel: int = 0  # found for another version of the kernel's source
+    unversioned: int = 0  # applied, but written before entries recorded their kernel's version
     used: set[str] = field(default_factory=set)
 
     def get(self, key: str) -> dict[str, int] | None:
@@ -150,6 +162,8 @@ class AppliedTuning:
             "entries": len(self.params),
             "used": len(self.used),
             "ignored_other_driver": self.other_driver,
+            "ignored_other_kernel": self.other_kernel,
+            "unversioned": self.unversioned,
             "ignored_invalid": self.invalid,
             **({"invalid": self.notes[:5]} if self.notes else {}),
         }
