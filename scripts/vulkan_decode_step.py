@@ -31,7 +31,12 @@ def main() -> None:
         steps = []
         for i in range(32):
             engine.forward(seq, [500 + i])
-            steps.append(engine.backend.device_step_seconds())
+            t = engine.backend.device_step_seconds()
+            if t is None:
+                sys.exit(
+                    "this device gives no timestamps for a step (features.timestamps, tunable timestamps)"
+                )
+            steps.append(t)
         print(
             f"{sys.argv[1]} depth {depth} {tune}: decode step {1e3 * statistics.median(steps):.3f} ms median, "
             f"{1e3 * min(steps):.3f} min (device)",

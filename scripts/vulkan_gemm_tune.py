@@ -2,7 +2,8 @@
 """Tune only the prefill GEMM shapes (``matmul_coop``) of a model on the Vulkan device, with the autotuner's
 checked search (every candidate compared with numpy before it is timed, device timestamps), a fixed time a
 shape; optionally also time fixed tiles. Winners replace the GEMM entries of the tuning database
-($WORKBENCH_TUNING_DB or the cache); a shape whose default wins loses its entry. ``workbench tune`` does the
+($WORKBENCH_TUNING_DB or the cache) for this device, driver and model's shapes; a shape whose default wins loses
+its entry. ``workbench tune`` does the
 same for every shape within one budget; this is for re-tuning the GEMM alone after a GEMM kernel change
 (figures: experiments/vulkan-scale/notes.md).
 
@@ -33,7 +34,6 @@ def main() -> None:
     print(f"{f.name}: shared memory {f.max_shared_memory} B, subgroup {f.subgroup_size}", flush=True)
     tuner = Tuner(backend, budget_s=0, log=lambda s: None)
     db = TuningDB.load()
-    db.entries = [e for e in db.entries if not str(e.get("key", "")).startswith("matmul_coop")]
     total = {"default": 0.0, "best": 0.0}
     for key, call in tuner.shapes(args.prompt_tokens).items():
         if not key.startswith("matmul_coop"):
@@ -45,7 +45,11 @@ def main() -> None:
             if param_errors("matmul_coop", tile, f):
                 fixed.append(f"{list(tile.values())}: invalid here")
                 continue
-            s = tuner.measure(key, call, tile, check)
+            try:
+                s = tuner.measure(key, call, tile, check)
+            except (ValueError, RuntimeError) as e:  # wrong output or no pipeline: say so, go on
+                fixed.append(f"{list(tile.values())}: {e}")
+                continue
             fixed.append(f"{list(tile.values())} {s * 1e6:.0f} us")
         r = tuner.tune_shape(key, call, time.monotonic() + args.seconds)
         total["default"] += r.default_s
@@ -60,6 +64,8 @@ def main() -> None:
             db.put(
                 f, key, r.best, {"us": round(r.best_s * 1e6, 3), "default_us": round(r.default_s * 1e6, 3)}
             )
+        else:
+            db.remove(f, key)
     db.save()
     print("GEMM total us:", {k: round(v * 1e6) for k, v in total.items()}, "->", db.path)
 

@@ -72,5 +72,5 @@
     lo = d * (bytes4((WREAD(2, qw) >> sh) & 0x0F0F0F0Fu) - z);
     hi = d * (bytes4((WREAD(3, qw + 1u) >> sh) & 0x0F0F0F0Fu) - z);
 #else
-#error "no weight format defined (FMT_F32, FMT_F16, FMT_BF16, FMT_Q8_0, FMT_Q5_0, FMT_Q4_K, FMT_Q6_K)"
+#error "no weight format defined (FMT_F32, FMT_F16, FMT_BF16, FMT_Q8_0, FMT_Q5_0, FMT_Q4_K, FMT_Q6_K, FMT_I8, FMT_I4)"
 #endif

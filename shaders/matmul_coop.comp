@@ -120,7 +120,8 @@ void main() {
     }
     // Whole 16x16 results go straight to the arena (16-byte aligned rows). Those cut by the matrix edges go
     // through one shared 16x16 tile, one at a time: all threads copy the staged tile out, bounds-checked
-    // (only workgroups on the edges take this path, and only for their cut tiles).
+    // (only workgroups on the edges take this path, and only for their cut tiles; an output whose rows are not
+    // 16-byte aligned sends every tile this way: correct, slower, and no Gemma layout does).
     bool aligned = pc.y_stride % 4u == 0u && (pc.y_off + pc.row0) % 4u == 0u;
     bool whole = aligned && m0 + BM <= pc.T && n0 + BN <= pc.N;  // the same in every thread
     [[unroll]] for (uint i = 0u; i < TM; ++i)

@@ -36,6 +36,9 @@ void i8x8(uint w0, uint w1, float d, out vec4 lo, out vec4 hi) {
 #ifndef DEQ_RAW
 #define DEQ_RAW 8  // the most weight words one decode reads (FMT_F32)
 #endif
+#if DEQ_RAW < 8
+#error "DEQ_RAW must be at least 8 (FMT_F32 reads 8 words)"
+#endif
 #define WREAD(i, a) WBUF[a]
 void DEQ8(uvec4 pl, uint K, uint row, uint c, out vec4 lo, out vec4 hi) {
 #include "deq8_body.glsl"

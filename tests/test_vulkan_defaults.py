@@ -92,3 +92,23 @@ def test_tuning_entries_of_another_kernel_version_are_reported_not_applied(tmp_p
     assert (
         info["ignored_other_kernel"] == 1 and info["unversioned"] == 1 and info["ignored_other_driver"] == 0
     )
+
+
+def test_default_gemm_tile_shrinks_where_even_32_columns_do_not_fit():
+    """A device with 20 KB of shared memory gets a smaller default tile, not an error."""
+    f = features(max_shared_memory=20480)
+    t = Tuning(f)
+    wg, wm, tm, tn, bk = coop(t)
+    assert bk == 32 and wg < 512 and not coop_errors(wg, wm, tm, tn, f, bk)
+
+
+def test_tune_drops_an_older_entry_when_the_default_wins(tmp_path):
+    from workbench.backends.vulkan.tuned import TuningDB
+
+    f = features()
+    db = TuningDB(tmp_path / "db.json")
+    db.put(f, "matvec/Q4_K/q8/2048x5376/t1", {"wg": 256, "row_threads": 32, "rows": 1}, {"us": 1.0})
+    db.put(f, "matvec/Q4_K/q8/4096x5376/t1", {"wg": 256, "row_threads": 32, "rows": 1}, {"us": 1.0})
+    db.remove(f, "matvec/Q4_K/q8/2048x5376/t1")
+    db.remove(features(name="another GPU"), "matvec/Q4_K/q8/4096x5376/t1")  # another device's: kept
+    assert [e["key"] for e in db.entries] == ["matvec/Q4_K/q8/4096x5376/t1"]

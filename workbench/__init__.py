@@ -12,9 +12,8 @@ import os
 
 from . import blas_env  # noqa: F401  (before numpy loads OpenBLAS: see workbench.blas_env)
 
-os.environ.setdefault(
-    "NUMBA_SLP_VECTORIZE", "1"
-)  # before numba is imported anywhere (see workbench.numba_jit)
+# before numba is imported anywhere (see workbench.numba_jit)
+os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
 
 from .models.config import ModelConfig
 from .models.model import Model

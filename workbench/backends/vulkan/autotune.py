@@ -259,7 +259,9 @@ class Tuner:
             if r.best != r.default and r.best_s < r.default_s:
                 db.put(self.backend.dev.features, key, r.best, {"us": round(r.best_s * 1e6, 3),
                        "default_us": round(r.default_s * 1e6, 3)})  # fmt: skip
-                db.save()  # after every shape: an interrupted tune keeps what it found
+            else:  # the default won: an older entry (another kernel version, say) must not stay
+                db.remove(self.backend.dev.features, key)
+            db.save()  # after every shape: an interrupted tune keeps what it found
         return results
 
 

@@ -323,6 +323,9 @@ class Tuning:
         defaults = feats.coopmat_f16 and not any(k in (overrides or {}) for k in coop)
         if defaults and coop_errors(*(v[k] for k in coop[:4]), feats, v["matmul_coop.bk"]):
             v["matmul_coop.bk"] = 32  # the default tile with 64 K columns needs more shared memory than here
+        while defaults and v["matmul_coop.wg"] > 2 * sg and coop_errors(*(v[k] for k in coop[:4]), feats, 32):
+            v["matmul_coop.wg"] //= 2  # still too large: half the subgroups (and tile columns)
+            v["matmul_coop.wm"] = min(v["matmul_coop.wm"], v["matmul_coop.wg"] // sg)
         if not self.values["matvec.wg_tall"]:
             self.values["matvec.wg_tall"] = self.values["matvec.wg"]
         for key in ROW_THREAD_KEYS:
@@ -441,7 +444,7 @@ def coop_subgroups(f: DeviceFeatures) -> int:
     """Subgroups of the default cooperative-matrix GEMM workgroup: 16 of 32 lanes (or fewer, wider ones)."""
     sg = max(f.subgroup_size, 1)
     n = 16 if sg <= 32 else 8
-    while n > 1 and n * sg > f.max_invocations:
+    while n > 1 and n * sg > min(f.max_invocations, f.max_workgroup_size[0]):
         n //= 2
     return n if f.coopmat_f16 else max(n // 2, 1)
 

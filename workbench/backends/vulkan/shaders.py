@@ -46,6 +46,8 @@ def _key(name: str, defines: tuple[str, ...]) -> str:
 def source_hash(name: str) -> str:
     """A hash of ``shaders/<name>.comp`` and the ``.glsl`` files it includes (transitively): what a kernel's
     tuned parameters were found for (the tuning database ignores entries of another version)."""
+    if not (SHADER_DIR / f"{name}.comp").exists():
+        raise ValueError(f"no shader {SHADER_DIR / f'{name}.comp'}")
     h, seen, todo = hashlib.sha256(), set(), [f"{name}.comp"]
     while todo:
         f = todo.pop()

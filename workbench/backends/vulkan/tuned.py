@@ -98,13 +98,18 @@ class TuningDB:
         tmp.write_text(json.dumps({"version": FORMAT_VERSION, "entries": self.entries}, indent=1))
         tmp.replace(self.path)
 
-    def put(self, f: DeviceFeatures, key: str, params: dict[str, int], record: dict[str, Any]) -> None:
-        """Store (or replace) the winner for ``key`` on this device and driver."""
+    def remove(self, f: DeviceFeatures, key: str) -> None:
+        """Drop the entry for ``key`` on this device and driver (a tune whose default won: an older winner,
+        perhaps of another kernel version, must not stay)."""
         self.entries = [
             e
             for e in self.entries
             if not (e.get("device") == f.name and e.get("driver") == driver_of(f) and e.get("key") == key)
         ]
+
+    def put(self, f: DeviceFeatures, key: str, params: dict[str, int], record: dict[str, Any]) -> None:
+        """Store (or replace) the winner for ``key`` on this device and driver."""
+        self.remove(f, key)
         entry = {"device": f.name, "driver": driver_of(f), "key": key, "params": dict(params),
                  "kernel": source_hash(key.split("/", 1)[0])}  # fmt: skip
         self.entries.append({**entry, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), **record})
@@ -124,13 +129,13 @@ class TuningDB:
                 continue
             key, params = str(e.get("key", "")), e.get("params")
             kernel = key.split("/", 1)[0]
-            if "kernel" in e and e["kernel"] != versions.setdefault(kernel, source_hash(kernel)):
-                other_kernel += 1
-                continue
             errors = param_errors(kernel, params, f) if isinstance(params, dict) else ["no params"]
             if errors:
                 invalid += 1
                 notes.append(f"{key}: {'; '.join(errors)}")
+                continue
+            if "kernel" in e and e["kernel"] != versions.setdefault(kernel, source_hash(kernel)):
+                other_kernel += 1
                 continue
             usable[key] = {k: int(v) for k, v in params.items()}
             unversioned += "kernel" not in e
