@@ -4,8 +4,8 @@ checked search (every candidate compared with numpy before it is timed, device t
 shape; optionally also time fixed tiles. Winners replace the GEMM entries of the tuning database
 ($WORKBENCH_TUNING_DB or the cache) for this device, driver and model's shapes; a shape whose default wins loses
 its entry. ``workbench tune`` does the
-same for every shape within one budget; this is for re-tuning the GEMM alone after a GEMM kernel change
-(figures: experiments/vulkan-scale/notes.md).
+same within one budget (``--kernels matmul_coop`` for the GEMM alone); this script gives each shape a fixed
+time and can time given tiles beside the search (figures: experiments/vulkan-scale/notes.md).
 
     python scripts/vulkan_gemm_tune.py MODEL [--seconds 20] [--prompt-tokens 512] [--tile '{"wg":256,...}' ...]
 """

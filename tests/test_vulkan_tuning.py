@@ -270,3 +270,23 @@ def test_tune_rejects_bad_arguments(tmp_path):
     model = str(write_tiny_gguf(tmp_path / "t.gguf"))
     assert main(["tune", "--model", model, "--backend", "cpu"]) == 1
     assert main(["tune", "--model", model, "--budget", "0"]) == 1
+    assert main(["tune", "--model", model, "--kernels", "attention"]) == 1
+
+
+def test_tune_takes_only_the_kernels_asked(tiny_q4, tmp_path, monkeypatch, capsys):
+    """`--kernels matmul_coop` tunes the prefill GEMM alone; where the device has no cooperative matrices
+    (lavapipe) there is nothing to tune, and tune says why instead of storing nothing silently."""
+    from workbench.cli import main
+
+    db = tmp_path / "db.json"
+    monkeypatch.setenv("WORKBENCH_TUNING_DB", str(db))
+    args = ["tune", "--model", tiny_q4.source, "--budget", "10", "--beam", "1", "-p", "9", "--json"]
+    assert main([*args, "--kernels", "matmul_coop"]) == 0
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert all(s["key"].startswith("matmul_coop/") for s in out["shapes"])
+    if not out["shapes"]:
+        assert "no matmul_coop shapes: fp32 tiled GEMM" in cap.err
+    assert main([*args, "--kernels", "matvec"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shapes"] and all(s["key"].startswith("matvec/") for s in out["shapes"])

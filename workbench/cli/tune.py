@@ -22,6 +22,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--budget", type=float, default=540.0, help="seconds for the whole search (default 540)")
     p.add_argument("--beam", type=positive_int, default=3, help="candidates kept per round (default 3)")
+    p.add_argument(
+        "--kernels",
+        default="matvec,matmul_coop",
+        help="kernels to tune, comma-separated: matvec (decode), matmul_coop (prefill GEMM); default both",
+    )
     p.add_argument("--db", default=None, help="tuning database (default $WORKBENCH_TUNING_DB or the cache)")
     p.add_argument("--tune", default=None, help="backend tunables name=value,... applied while tuning")
     add_device_arg(p)
@@ -35,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     import workbench as wb
 
-    from ..backends.vulkan.autotune import Tuner
+    from ..backends.vulkan.autotune import KERNELS, Tuner
     from ..backends.vulkan.tuned import TuningDB
     from . import emit_json
 
@@ -43,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"tune: backend {args.backend!r} has no per-shape tuning (only vulkan)")
     if args.budget <= 0:
         raise ValueError("tune: --budget must be positive")
+    kernels = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
+    unknown = [k for k in kernels if k not in KERNELS]
+    if unknown or not kernels:
+        raise ValueError(f"tune: --kernels {args.kernels!r}: choose from {', '.join(KERNELS)}")
     model = wb.load(args.model)
     tune = ",".join(x for x in (args.tune, "tuned=0") if x)  # measure the defaults, not earlier winners
     engine = wb.Engine(model, "vulkan", tune=tune)
@@ -50,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
     db = TuningDB.load(Path(args.db) if args.db else None)
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
     tuner = Tuner(backend, beam=args.beam, budget_s=args.budget, log=log)
-    results = tuner.run(args.prompt_tokens, db)
+    results = tuner.run(args.prompt_tokens, db, kernels)
+    if not results and "matmul_coop" in kernels and backend.gemm_kernel != "matmul_coop":
+        print(f"tune: no matmul_coop shapes: {backend.gemm_note}", file=sys.stderr)
     out = {
         "model": model.describe(),
         "device": backend.device.name,

@@ -25,6 +25,7 @@ from .program import Builder
 from .recorded import Recorded
 from .tuned import PARAMS, TuningDB, param_errors
 
+KERNELS = ("matvec", "matmul_coop")  # the kernels with per-shape parameters
 REPEATS = 16  # the projection's dispatches per timed program (its quantize pass runs once)
 SAMPLE_ROWS = 256  # rows of the output checked against numpy
 WARM_S = 0.1  # seconds of runs before a candidate's timed runs
@@ -92,7 +93,7 @@ class Tuner:
                 if op.kind != "attention":  # attention needs caches; it has no per-shape parameters here
                     builder.emit(op)
             for key, call in builder.shapes:
-                if key.split("/", 1)[0] in ("matvec", "matmul_coop") and key not in found:
+                if key.split("/", 1)[0] in KERNELS and key not in found:
                     found[key] = call
         return found
 
@@ -236,10 +237,13 @@ class Tuner:
             prog.destroy()
         return {"wg": spec[0], "row_threads": spec[1], "rows": spec[4]}
 
-    def run(self, prompt_tokens: int = 512, db: TuningDB | None = None) -> list[ShapeResult]:
+    def run(
+        self, prompt_tokens: int = 512, db: TuningDB | None = None, kernels: tuple[str, ...] = KERNELS
+    ) -> list[ShapeResult]:
+        """Tune the shapes of ``kernels`` (``matvec``: decode; ``matmul_coop``: the prefill GEMM)."""
         db = db or TuningDB.load()
         start = time.monotonic()
-        shapes = self.shapes(prompt_tokens)
+        shapes = {k: c for k, c in self.shapes(prompt_tokens).items() if k.split("/", 1)[0] in kernels}
         self.log(
             f"tune: {len(shapes)} shapes on {self.backend.dev.features.name}, budget {self.budget_s:.0f} s"
         )
