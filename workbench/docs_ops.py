@@ -186,9 +186,9 @@ def _kinds_in_test(test: ast.AST) -> set[str]:
 
 
 def _gemm_kernels(backend_cls) -> set[str]:
-    """The kernels ``VulkanBackend._choose_gemm`` may pick (the prefill GEMM ``Builder.gemm`` dispatches)."""
+    """The kernels ``VulkanBackend.choose_gemm`` may pick (the prefill GEMM ``Builder.gemm`` dispatches)."""
     out = set()
-    for node in ast.walk(_source_tree(backend_cls._choose_gemm)):
+    for node in ast.walk(_source_tree(backend_cls.choose_gemm)):
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
             first = node.value.elts[0]
             if isinstance(first, ast.Constant):

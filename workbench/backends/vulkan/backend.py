@@ -132,7 +132,7 @@ class VulkanBackend(Backend):
                 print(f"vulkan backend: {self.tuned.other_kernel} entries of {self.tuned.path} were tuned for another "
                       "version of their kernel and are not applied; run `workbench tune` again", file=sys.stderr)  # fmt: skip
             self.fused = self.tunable("fused", True)
-            self.gemm_kernel, self.gemm_note = self._choose_gemm()
+            self.gemm_kernel, self.gemm_note = self.choose_gemm()
             self.timestamps = self.tunable("timestamps", True) and self.dev.features.timestamps
             self.pipes = Pipelines(self.dev)
             self.transfers = Transfers(self.dev)
@@ -175,7 +175,7 @@ class VulkanBackend(Backend):
             },
         )
 
-    def _choose_gemm(self) -> tuple[str, str]:
+    def choose_gemm(self) -> tuple[str, str]:
         """The prefill GEMM kernel and why (the fallback is named in the device details and on stderr)."""
         if not self.tuning["matmul.coop"]:
             return "matmul", "fp32 tiled GEMM (matmul.coop=0)"
