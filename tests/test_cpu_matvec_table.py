@@ -65,11 +65,11 @@ def test_table_matvec_writes_each_row_once_as_the_one_weight_kernel(rows, thread
 def _claims(n_tasks, pattern, extra):  # pragma: no cover - compiled
     """Claims on one counter of ``n_tasks`` tasks, from the front (pattern 1) or back (0) in turn, until
     both ends fail, then ``extra`` more each: the tasks claimed, in order, and every claim's result."""
-    counter = mt._counter(n_tasks)
+    counter = mt.task_counter(n_tasks)
     got = []
     i = 0
     while True:
-        t = mt._claim(counter, pattern[i % len(pattern)] == 1)
+        t = mt.claim_task(counter, pattern[i % len(pattern)] == 1)
         got.append(t)
         i += 1
         if t < 0 and got.count(-1) >= 2 + extra:

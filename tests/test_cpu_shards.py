@@ -68,7 +68,7 @@ def test_column_shares_add_up_to_the_whole_projection(layout, levels, groups, ha
     vnni = levels == 127
     whole = _matvec(row, x, levels, vnni)
     np.testing.assert_array_equal(_matvec(row, x, levels, vnni, prefetch=True), whole)  # rows in runs
-    parts = [sh._split_cols(row, data, 2, s, levels) for s in range(2)]
+    parts = [sh.split_cols(row, data, 2, s, levels) for s in range(2)]
     if fmt in sh.R16_FMTS and levels == 0:
         assert parts == [None, None]  # interleaved float rows are dequantized whole: not split
         return
@@ -81,14 +81,14 @@ def test_column_shares_add_up_to_the_whole_projection(layout, levels, groups, ha
 
 def test_row_shares_are_whole_runs_of_rows():
     row = np.array([sh.R16_FMTS[0], 1000, 34, 64, 1], np.int64)
-    got = [sh._split_rows(row, 2, s, 16) for s in range(2)]
+    got = [sh.split_rows(row, 2, s, 16) for s in range(2)]
     assert [(int(p[mv.W_ADDR]), int(p[mv.W_ROWS]), c0) for p, c0 in got] == [
         (1000, 32, 0),
         (1000 + 32 * 34, 32, 32),
     ]
-    assert sh._split_rows(row, 2, 0, 64) is None  # 32 rows a shard: not whole heads of 64
-    assert sh._split_rows(row, 4, 0, 16) is not None  # 16 rows a shard: one interleaved group each...
-    assert sh._split_rows(row, 8, 0, 1) is None  # ...8 rows a shard cut a group
+    assert sh.split_rows(row, 2, 0, 64) is None  # 32 rows a shard: not whole heads of 64
+    assert sh.split_rows(row, 4, 0, 16) is not None  # 16 rows a shard: one interleaved group each...
+    assert sh.split_rows(row, 8, 0, 1) is None  # ...8 rows a shard cut a group
 
 
 def _decode(cpu, model, toks, n=3):

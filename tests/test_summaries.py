@@ -239,13 +239,13 @@ def test_runs_cli_summary_and_readme(question):
 
 
 def test_report_provenance_names_commit_packages_and_driver():
-    from workbench.experiments.report import Experiment, _provenance
+    from workbench.experiments.report import Experiment, provenance_table
 
     env = {"cpu": "X", "git": {"commit": "c" * 40, "dirty": True}, "packages": {"numpy": "2.0"},
            "driver": {"api": "vulkan", "driver_name": "NVIDIA", "driver_info": "580.159.04"}}  # fmt: skip
     rec = {"how": "measured", "backend": "vulkan", "device": "vulkan:GPU", "environment": env}
     exp = Experiment("e", Path("."), {}, pd.DataFrame(), pd.DataFrame(), {"p1": rec})
-    row = _provenance(exp).iloc[0]
+    row = provenance_table(exp).iloc[0]
     assert (row["git"], row["driver"], row["numpy"]) == ("ccccccc+dirty", "NVIDIA 580.159.04", "2.0")
 
 

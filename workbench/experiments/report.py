@@ -167,7 +167,7 @@ def _export_points(exp: Experiment, out_dir: Path) -> dict[str, str]:
     return links
 
 
-def _provenance(exp: Experiment) -> pd.DataFrame:
+def provenance_table(exp: Experiment) -> pd.DataFrame:
     from .summary import commit_label, driver_label
 
     rows = []
@@ -207,7 +207,7 @@ def write_report(paths: list[str | Path], out: str | Path | None = None, export_
         table["notebook"] = table["id"].map(lambda p, links=links: f"<a href='{links[p]}'>{p}</a>" if p in links else p)
         shown = ["notebook", "state", *[c for c in table.columns if c.startswith("p.")], *exp.metric_names, "seconds"]
         parts.append("<h3>Summary</h3>" + table[shown].to_html(index=False, escape=False, float_format=lambda v: f"{v:.4g}"))
-        prov = _provenance(exp)
+        prov = provenance_table(exp)
         if not prov.empty:
             parts.append("<h3>Environment and provenance</h3>" + prov.to_html(index=False))
     figs = _figures(exps)

@@ -34,7 +34,7 @@ def _fetch_add(typingctx, counter, delta):
 
 
 @njit(cache=True)
-def _claim(counter, front):  # pragma: no cover - compiled
+def claim_task(counter, front):  # pragma: no cover - compiled
     """The next task, from the front or from the back of the tasks left, or -1 when none is left. The counter
     holds the first task left in its low 32 bits and the end of those left in its high ones; a claim moves
     one of the two and checks them as they were just before it, so no task is claimed twice."""
@@ -62,7 +62,7 @@ def table_tasks(wt, n_w, rpt):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _counter(n_tasks):  # pragma: no cover - compiled
+def task_counter(n_tasks):  # pragma: no cover - compiled
     """A claim counter over ``n_tasks`` tasks (allocated outside the parallel functions: np.zeros there is a
     parallel loop)."""
     c = np.zeros(16, np.int64)
@@ -185,15 +185,15 @@ def matvec_table(wt, n_w, outs, x, levels, xq, xd, xs, rpt, pf, maxima):  # prag
     size, starts, claim = table_tasks(wt, n_w, rpt)
     fill = _wants_maxima(maxima, n_w, starts[n_w], x.shape[0])
     if claim:
-        counter = _counter(starts[n_w])
+        counter = task_counter(starts[n_w])
         for it in prange(WORKERS):
             front = it < WORKERS // 2
-            i = _claim(counter, front)
+            i = claim_task(counter, front)
             while i >= 0:
                 _table_task(wt, size, starts, i, outs, x, levels, xq, xd, xs)
                 if fill:
                     _task_max(wt, size, starts, i, outs, maxima)
-                i = _claim(counter, front)
+                i = claim_task(counter, front)
     else:
         for i in prange(starts[n_w]):
             _table_task(wt, size, starts, i, outs, x, levels, xq, xd, xs)

@@ -170,7 +170,7 @@ class ShardPlan:
         return self.arenas.shape[0]
 
 
-def _split_rows(w: np.ndarray, n_sh: int, s: int, align: int) -> tuple[np.ndarray, int] | None:
+def split_rows(w: np.ndarray, n_sh: int, s: int, align: int) -> tuple[np.ndarray, int] | None:
     """Shard ``s``'s rows of the weight row ``w`` (a share of whole ``align``-row runs) and its first output."""
     rows = int(w[mv.W_ROWS])
     per = rows // n_sh
@@ -182,7 +182,7 @@ def _split_rows(w: np.ndarray, n_sh: int, s: int, align: int) -> tuple[np.ndarra
     return part, s * per
 
 
-def _split_cols(w: np.ndarray, data: np.ndarray, n_sh: int, s: int, levels: int) -> tuple | None:
+def split_cols(w: np.ndarray, data: np.ndarray, n_sh: int, s: int, levels: int) -> tuple | None:
     """Shard ``s``'s columns of the weight row ``w`` (its bytes ``data``: rows x row bytes): its share of each
     row's decode units, copied into an array of their own so that the shard streams one contiguous stretch
     (the row, the array). None where the units do not divide or interleaved rows meet float activations."""
@@ -213,7 +213,7 @@ class _Planner:
     def rows(self, i: int, j: int, align: int) -> bool:
         """Give each shard its share of weight ``j``'s rows (whole ``align``-row runs); False: they don't divide."""
         for s in range(self.n_sh):
-            got = _split_rows(self.prog.wts[0, i, j], self.n_sh, s, align)
+            got = split_rows(self.prog.wts[0, i, j], self.n_sh, s, align)
             if got is None:
                 return False
             self.wts[s, i, j], self.c0[s, i, j] = got
@@ -228,9 +228,7 @@ class _Planner:
             key = (name, self.n_sh, s)
             if key not in self.b.col_shares:
                 data = self.b.weights[name].data
-                self.b.col_shares[key] = _split_cols(
-                    self.prog.wts[0, i, 0], data, self.n_sh, s, self.b.levels
-                )
+                self.b.col_shares[key] = split_cols(self.prog.wts[0, i, 0], data, self.n_sh, s, self.b.levels)
             if self.b.col_shares[key] is None:
                 return False
             self.wts[s, i, 0] = self.b.col_shares[key][0]
