@@ -15,6 +15,19 @@ import sys
 import workbench as wb
 
 
+def decode_step_seconds(engine, seq, warm: int = 8, steps: int = 32) -> list[float]:
+    """Device seconds of ``steps`` one-token decode steps of ``seq``, after ``warm`` untimed ones."""
+    out = []
+    for i in range(warm + steps):
+        engine.forward(seq, [(500 + i) % engine.model.config.vocab_size])
+        t = engine.backend.device_step_seconds()
+        if t is None:
+            sys.exit("this device gives no timestamps for a step (features.timestamps, tunable timestamps)")
+        if i >= warm:
+            out.append(t)
+    return out
+
+
 def main() -> None:
     if len(sys.argv) < 4:
         sys.exit(__doc__)
@@ -26,17 +39,7 @@ def main() -> None:
         )
         seq = engine.new_sequence()
         engine.forward(seq, tokens)
-        for i in range(8):
-            engine.forward(seq, [400 + i])
-        steps = []
-        for i in range(32):
-            engine.forward(seq, [500 + i])
-            t = engine.backend.device_step_seconds()
-            if t is None:
-                sys.exit(
-                    "this device gives no timestamps for a step (features.timestamps, tunable timestamps)"
-                )
-            steps.append(t)
+        steps = decode_step_seconds(engine, seq)
         print(
             f"{sys.argv[1]} depth {depth} {tune}: decode step {1e3 * statistics.median(steps):.3f} ms median, "
             f"{1e3 * min(steps):.3f} min (device)",

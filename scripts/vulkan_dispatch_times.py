@@ -13,10 +13,15 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
+import sys
+from pathlib import Path
 
 import numpy as np
 
 import workbench as wb
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vulkan_decode_step import decode_step_seconds  # a sibling script
 
 
 class _Quiet:
@@ -41,11 +46,7 @@ def main() -> int:
     seq = engine.new_sequence(max_len=args.depth + 64)
     vocab = model.config.vocab_size
     engine.forward(seq, [(977 * i + 13) % vocab for i in range(args.depth)])
-    steps = []
-    for i in range(24):
-        engine.forward(seq, [(500 + i) % vocab])
-        if i >= 8:
-            steps.append(engine.backend.device_step_seconds())
+    steps = decode_step_seconds(engine, seq, warm=8, steps=16)
     print(f"{args.model} depth {args.depth} tune {args.tune or '-'}: untimed decode step "
           f"{1e3 * statistics.median(steps):.3f} ms GPU (median of {len(steps)})")  # fmt: skip
     engine.observer = _Quiet()

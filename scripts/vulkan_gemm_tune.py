@@ -60,13 +60,7 @@ def main() -> None:
             f"{r.rejected} rejected" + (" | " + "; ".join(fixed) if fixed else ""),
             flush=True,
         )
-        if r.best != r.default and r.best_s < r.default_s:
-            db.put(
-                f, key, r.best, {"us": round(r.best_s * 1e6, 3), "default_us": round(r.default_s * 1e6, 3)}
-            )
-        else:
-            db.remove(f, key)
-    db.save()
+        tuner.store(db, r)
     print("GEMM total us:", {k: round(v * 1e6) for k, v in total.items()}, "->", db.path)
 
 

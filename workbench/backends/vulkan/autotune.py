@@ -260,13 +260,18 @@ class Tuner:
                 f"[{i + 1}/{len(shapes)}] {key}: {r.default_s * 1e6:.1f} -> {r.best_s * 1e6:.1f} us "
                 f"({r.speedup:.2f}x, {r.tried} tried) {r.best}"
             )
-            if r.best != r.default and r.best_s < r.default_s:
-                db.put(self.backend.dev.features, key, r.best, {"us": round(r.best_s * 1e6, 3),
-                       "default_us": round(r.default_s * 1e6, 3)})  # fmt: skip
-            else:  # the default won: an older entry (another kernel version, say) must not stay
-                db.remove(self.backend.dev.features, key)
-            db.save()  # after every shape: an interrupted tune keeps what it found
+            self.store(db, r)
         return results
+
+    def store(self, db: TuningDB, r: ShapeResult) -> None:
+        """Keep ``r``'s winner where it beats the default, else drop the shape's entry (an older winner, of
+        another kernel version say, must not stay); saved at once, so an interrupted tune keeps what it found."""
+        if r.best != r.default and r.best_s < r.default_s:
+            db.put(self.backend.dev.features, r.key, r.best,
+                   {"us": round(r.best_s * 1e6, 3), "default_us": round(r.default_s * 1e6, 3)})  # fmt: skip
+        else:
+            db.remove(self.backend.dev.features, r.key)
+        db.save()
 
 
 def neighbours(kernel: str, params: dict[str, int]) -> Iterator[dict[str, int]]:

@@ -270,6 +270,7 @@ class Tuning:
         """``hidden``: the model's hidden size (0: unknown), which the default of ``matvec.q8`` depends on."""
         sg = max(feats.subgroup_size, 1)
         wide = max(32, sg)
+        coop_sg = coop_subgroups(feats)
         self.values: dict[str, int] = {
             "matvec.wg": max(256, wide),
             "matvec.row_threads": 4 * wide,
@@ -288,8 +289,8 @@ class Tuning:
             "matmul.tn": 4,
             # 16 subgroups of 2x2 16x16 tiles (a 128x128 tile), 64 K columns per step: near the tuner's winners
             # at the 27B shapes (docs/backend-vulkan.md#prefill-gemm); fewer where a workgroup cannot be so large
-            "matmul_coop.wg": coop_subgroups(feats) * sg,
-            "matmul_coop.wm": 4 if coop_subgroups(feats) % 4 == 0 else 2,
+            "matmul_coop.wg": coop_sg * sg,
+            "matmul_coop.wm": min(4, coop_sg),
             "matmul_coop.tm": 2,
             "matmul_coop.tn": 2,
             "matmul_coop.bk": 64,  # K columns staged per step (32 or 64; 64 halves the barriers per K)
@@ -321,11 +322,17 @@ class Tuning:
         v = self.values
         coop = ("matmul_coop.wg", "matmul_coop.wm", "matmul_coop.tm", "matmul_coop.tn", "matmul_coop.bk")
         defaults = feats.coopmat_f16 and not any(k in (overrides or {}) for k in coop)
-        if defaults and coop_errors(*(v[k] for k in coop[:4]), feats, v["matmul_coop.bk"]):
-            v["matmul_coop.bk"] = 32  # the default tile with 64 K columns needs more shared memory than here
-        while defaults and v["matmul_coop.wg"] > 2 * sg and coop_errors(*(v[k] for k in coop[:4]), feats, 32):
-            v["matmul_coop.wg"] //= 2  # still too large: half the subgroups (and tile columns)
-            v["matmul_coop.wm"] = min(v["matmul_coop.wm"], v["matmul_coop.wg"] // sg)
+        # the default tile where this device's shared memory holds it: 32 K columns before 64, then fewer subgroups
+        while (
+            defaults
+            and v["matmul_coop.wg"] > 2 * sg
+            and coop_errors(*(v[k] for k in coop[:4]), feats, v[coop[4]])
+        ):
+            if v["matmul_coop.bk"] == 64:
+                v["matmul_coop.bk"] = 32
+            else:
+                v["matmul_coop.wg"] //= 2
+                v["matmul_coop.wm"] = min(v["matmul_coop.wm"], v["matmul_coop.wg"] // sg)
         if not self.values["matvec.wg_tall"]:
             self.values["matvec.wg_tall"] = self.values["matvec.wg"]
         for key in ROW_THREAD_KEYS:
@@ -446,7 +453,7 @@ def coop_subgroups(f: DeviceFeatures) -> int:
     n = 16 if sg <= 32 else 8
     while n > 1 and n * sg > min(f.max_invocations, f.max_workgroup_size[0]):
         n //= 2
-    return n if f.coopmat_f16 else max(n // 2, 1)
+    return n
 
 
 def coop_tile(v: dict[str, int], subgroup_size: int) -> tuple[int, int]:
