@@ -2,7 +2,8 @@
 // Causal GQA attention of the step's queries over the layer's KV cache (sliding window on local layers),
 // with an online softmax over tiles of SK keys. Grid: (n_split, n_kv_heads, T): a workgroup serves one
 // query token and the G query heads of one KV head, over one range of keys. With n_split == 1 it covers all
-// keys of its query and writes the output; otherwise ("flash decoding") split s covers split_keys keys and
+// keys of its query and writes the output; otherwise ("flash decoding") split s covers the s-th run of
+// split_len() keys (at least split_keys, growing with the context so that n_split splits hold every key) and
 // writes unnormalized partials (acc[hd], max, sum) that attn_combine.comp merges, or, with FUSED_COMBINE, the
 // last workgroup of a query to finish (an atomic counter per (token, KV head) in the arena, reset by it) merges.
 // Per tile: each subgroup scores keys (its lanes read one key row together, coalesced; dot by subgroupAdd),
@@ -25,7 +26,12 @@ layout(constant_id = 4) const uint SK = 64;   // keys per tile
 layout(constant_id = 5) const bool MULTI_SEQ = true;  // several sequences (caches) in this dispatch
 const uint NW = WG / SG;                      // subgroups per workgroup
 const uint QV = (HD / 4 + SG - 1) / SG;       // vec4s of a key row per lane
-const uint DPT = (HD + WG - 1) / WG;          // output dims per thread
+// values: a thread accumulates vec4 column vc of the head's HV, over every NKG-th key of a tile (key group
+// kg); the NKG groups' sums meet in shared memory once, after the last tile (fewer, wider loads than a dim
+// per thread, and every thread busy where HD < WG)
+const uint HV = HD / 4;
+const uint NKG = HV < WG ? WG / HV : 1;      // key groups
+const uint CPT = (HV + WG - 1) / WG;          // vec4 columns per thread (1 unless HD > 4 * WG)
 #define NEG -1.0e30
 
 layout(push_constant) uniform PC {
@@ -42,17 +48,18 @@ shared float sc[G * SK];      // scores, then probabilities, of the tile
 shared uint slots[SK];
 shared float m_run[G], l_run[G], alpha[G];
 shared bool last_split;
+shared vec4 vsum[NKG > 1 ? WG : 1];  // the key groups' sums of one head
 
 void main() {
     uint tid = gl_LocalInvocationID.x, lane = gl_SubgroupInvocationID, warp = gl_SubgroupID;
     uint s = gl_WorkGroupID.x, kvh = gl_WorkGroupID.y, t = gl_WorkGroupID.z, tg = t + pc.t0;
     uint p = p_pos(tg), cs = KV_SEQ(tg);  // position, and which of binding 4's caches
-    uint lo = (pc.window > 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
-    uint begin = lo + s * pc.split_keys;
-    uint end = min(p + 1u, begin + pc.split_keys);
+    uint len = split_len(p, pc.window, pc.split_keys, pc.n_split);
+    uint begin = first_key(p, pc.window) + s * len;
+    uint end = min(p + 1u, begin + len);
 #ifndef FUSED_COMBINE
-    // the grid covers the cache's capacity (recorded once, replayed at every position): a split past the
-    // query's last key has nothing to write, since the merge reads only the splits holding keys (splits_used).
+    // the grid is recorded once and replayed at every position: at a short context a split past the query's
+    // last key has nothing to write, since the merge reads only the splits holding keys (splits_used).
     // With FUSED_COMBINE every split must still count itself in.
     if (begin >= end) return;
 #endif
@@ -64,9 +71,11 @@ void main() {
             uint c = i * SG + lane;
             q[g][i] = c < HD / 4u ? act4[qb + g * (HD / 4u) + c] * pc.scale : vec4(0.0);
         }
-    float acc[G][DPT];
+    uint kg = NKG > 1u ? tid / HV : 0u, vc = NKG > 1u ? tid % HV : tid;  // key group, first vec4 column
+    bool vlive = kg < NKG;  // threads past NKG * HV (WG not a multiple of HV) take no values
+    vec4 acc[G][CPT];
     [[unroll]] for (uint g = 0u; g < G; ++g)
-        [[unroll]] for (uint i = 0u; i < DPT; ++i) acc[g][i] = 0.0;
+        [[unroll]] for (uint i = 0u; i < CPT; ++i) acc[g][i] = vec4(0.0);
     if (tid < G) {
         m_run[tid] = NEG;
         l_run[tid] = 0.0;
@@ -117,30 +126,45 @@ void main() {
         }
         barrier();
         [[unroll]] for (uint g = 0u; g < G; ++g)
-            [[unroll]] for (uint i = 0u; i < DPT; ++i) acc[g][i] *= alpha[g];
-        [[unroll]] for (uint j = 0u; j < SK; ++j) {
-            uint vb = pc.v_off + slots[j] * pc.kv_dim + kvh * HD;
-            [[unroll]] for (uint i = 0u; i < DPT; ++i) {
-                uint d = tid + i * WG;
-                float v = d < HD ? KV_GET(caches[cs].v[vb + d]) : 0.0;
-                [[unroll]] for (uint g = 0u; g < G; ++g) acc[g][i] += sc[g * SK + j] * v;
+            [[unroll]] for (uint i = 0u; i < CPT; ++i) acc[g][i] *= alpha[g];
+        [[unroll]] for (uint jj = 0u; jj < (SK + NKG - 1u) / NKG; ++jj) {
+            uint j = jj * NKG + kg;
+            if (vlive && j < SK) {
+                uint vb = (pc.v_off + slots[j] * pc.kv_dim + kvh * HD) / 4u;
+                [[unroll]] for (uint i = 0u; i < CPT; ++i) {
+                    uint c = vc + i * WG;
+                    vec4 v = c < HV ? KV_GET4(caches4[cs].v[vb + c]) : vec4(0.0);
+                    [[unroll]] for (uint g = 0u; g < G; ++g) acc[g][i] += sc[g * SK + j] * v;
+                }
             }
         }
         barrier();
     }
+    if (NKG > 1u) {  // the key groups' sums: group 0's threads end with the head's whole vec4 column
+        [[unroll]] for (uint g = 0u; g < G; ++g) {
+            vsum[tid] = acc[g][0];
+            barrier();
+            if (kg == 0u)
+                for (uint k = 1u; k < NKG; ++k) acc[g][0] += vsum[k * HV + vc];
+            barrier();
+        }
+    }
+    bool vout = kg == 0u;  // the threads that hold output columns
     [[unroll]] for (uint g = 0u; g < G; ++g) {
         uint h = kvh * G + g;
         if (pc.n_split == 1u) {
             float inv = l_run[g] > 0.0 ? 1.0 / l_run[g] : 0.0;
-            [[unroll]] for (uint i = 0u; i < DPT; ++i) {
-                uint d = tid + i * WG;
-                if (d < HD) act[pc.o_off + tg * pc.o_stride + h * HD + d] = acc[g][i] * inv;
+            [[unroll]] for (uint i = 0u; i < CPT; ++i) {
+                uint c = vc + i * WG, ob = pc.o_off + tg * pc.o_stride + h * HD + 4u * c;
+                if (vout && c < HV)
+                    [[unroll]] for (uint e = 0u; e < 4u; ++e) act[ob + e] = acc[g][i][e] * inv;
             }
         } else {
             uint base = pc.part_off + ((t * pc.n_split + s) * pc.n_heads + h) * (HD + 2u);
-            [[unroll]] for (uint i = 0u; i < DPT; ++i) {
-                uint d = tid + i * WG;
-                if (d < HD) actc[base + d] = acc[g][i];
+            [[unroll]] for (uint i = 0u; i < CPT; ++i) {
+                uint c = vc + i * WG;
+                if (vout && c < HV)
+                    [[unroll]] for (uint e = 0u; e < 4u; ++e) actc[base + 4u * c + e] = acc[g][i][e];
             }
             if (tid == 0u) {
                 actc[base + HD] = m_run[g];

@@ -5,10 +5,23 @@
 
 layout(binding = 1) coherent buffer ArenaC { float actc[]; };
 
+// first key the query at position p attends to (its sliding window's start, or 0)
+uint first_key(uint p, uint window) { return (window > 0u && p + 1u > window) ? p + 1u - window : 0u; }
+
+// keys per split for the query at position p: its keys spread over at most n_split splits, at least
+// min_keys a split and a multiple of min_keys (so the grid stays n_split wide at every context depth, and a
+// split's keys grow with the depth instead of the grid: docs/backend-vulkan.md#attention-splits)
+uint split_len(uint p, uint window, uint min_keys, uint n_split) {
+    uint keys = p + 1u - first_key(p, window);
+    uint per = (keys + n_split - 1u) / n_split;
+    return max(min_keys, (per + min_keys - 1u) / min_keys * min_keys);
+}
+
 // number of splits holding keys for the query at position p
-uint splits_used(uint p, uint window, uint split_keys, uint n_split) {
-    uint lo = (window > 0u && p + 1u > window) ? p + 1u - window : 0u;
-    return min(n_split, (p + 1u - lo + split_keys - 1u) / split_keys);
+uint splits_used(uint p, uint window, uint min_keys, uint n_split) {
+    uint keys = p + 1u - first_key(p, window);
+    uint len = split_len(p, window, min_keys, n_split);
+    return min(n_split, (keys + len - 1u) / len);
 }
 
 // merge head h of token t into out[o_base + d]; threads tid, tid + nthreads, ... take the dims

@@ -366,3 +366,23 @@ def test_llama_server_that_fails_to_start_is_reported_with_its_log(tiny_gguf, tm
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "llama-server exited with code 3 while starting" in p.stderr
     assert f"simulated: failed to load model {tiny_gguf}" in p.stderr
+
+
+@needs_vulkan
+def test_vulkan_bench_records_the_measured_bandwidth_and_the_projections_share(tiny_gguf):
+    """A Vulkan benchmark measures the device's streaming read bandwidth (shaders/stream_read.comp) and, from
+    the profiled run, the decode projections' GB/s and their share of it, in the JSON and the text."""
+    p = run("bench", "-m", str(tiny_gguf), "--backend", "vulkan", "-p", "4", "-g", "2", "-r", "1", "--json")
+    out = json.loads(p.stdout)
+    bw = out["ours"]["device_bandwidth"]
+    assert bw["role"] == "device" and bw["best_gbs"] > 0 and "measured" in bw["how"]
+    proj = out["profile"]["decode_projections"]
+    assert proj["gbps"] > 0 and proj["share"] == pytest.approx(proj["gbps"] / bw["best_gbs"], rel=1e-3)
+    assert {r["kind"] for r in proj["by_kind"]} <= {
+        "rmsnorm_matmul",
+        "rmsnorm_matmul_gelu",
+        "matmul_rmsnorm_add",
+        "matmul",
+    }
+    text = run("bench", "-m", str(tiny_gguf), "--backend", "vulkan", "-p", "4", "-g", "2", "-r", "1").stdout
+    assert "device streaming read" in text and "decode projections GB/s" in text

@@ -396,9 +396,10 @@ def test_spirv_cache_is_reused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("tune", ["", "attention.fused_combine=1"])
 def test_attention_splits_past_the_context(tiny, tune):
-    """The attention grid covers the cache's capacity (recorded once per step shape): decoding at positions
-    below one split's keys, every split of a global layer but the first holds no keys (returns at once
-    without partials; with the fused merge it still counts itself in). Logits equal numpy's."""
+    """The attention grid is recorded once per step shape (attention.splits wide, or fewer where the cache
+    holds fewer split_keys runs): decoding at positions below one split's keys, every split of a global
+    layer but the first holds no keys (returns at once without partials; with the fused merge it still
+    counts itself in). Logits equal numpy's."""
     ev = compare(tiny, TOKENS[:3], decode=4, tune=tune)
     splits = [
         d.push["n_split"]
@@ -406,8 +407,29 @@ def test_attention_splits_past_the_context(tiny, tune):
         for d in p.dispatches
         if d.kernel == "attention" and not d.push["window"]
     ]
-    split_keys = ev.backend.tuning["attention.split_keys"]
-    assert max(splits) == tiny.config.context_length // split_keys and split_keys > 3 + 4
+    split_keys, most = ev.backend.tuning["attention.split_keys"], ev.backend.tuning["attention.splits"]
+    assert max(splits) == min(most, tiny.config.context_length // split_keys) > 1 and split_keys > 3 + 4
+
+
+@pytest.mark.parametrize("tune", ["", ",attention.fused_combine=1"])
+def test_attention_split_length_grows_with_the_context(tiny, tune):
+    """Past splits x split_keys keys a split's length grows with the query's position (split_len in
+    attn_merge.glsl: 4 splits, 2 keys at least, 10-12 keys each here), in the combine dispatch and the fused
+    merge alike; the grid stays 4 wide. Logits equal numpy's."""
+    prompt = [(5 * i + 1) % tiny.config.vocab_size for i in range(40)]
+    ev = compare(
+        tiny,
+        prompt,
+        decode=3,
+        tune="attention.splits=4,attention.split_keys=2,attention.tile=8,attention.wg=64" + tune,
+    )
+    splits = {
+        d.push["n_split"]
+        for p in ev.backend.programs.values()
+        for d in p.dispatches
+        if d.kernel == "attention"
+    }
+    assert 4 in splits and max(splits) == 4
 
 
 @pytest.mark.parametrize("tune", ["", ",attention.fused_combine=1"])
@@ -415,7 +437,8 @@ def test_attention_merge_of_many_splits(tiny, tune):
     """One key a split: a decode step past 150 tokens merges over 150 splits (attn_merge.glsl), in the
     combine dispatch and in the fused merge alike."""
     prompt = [(7 * i + 3) % tiny.config.vocab_size for i in range(150)]
-    compare(tiny, prompt, decode=3, tune="attention.split_keys=1,attention.tile=8,attention.wg=64" + tune)
+    tune = "attention.split_keys=1,attention.splits=256,attention.tile=8,attention.wg=64" + tune
+    compare(tiny, prompt, decode=3, tune=tune)
 
 
 def test_run_record_names_the_driver(tiny):

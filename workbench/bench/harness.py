@@ -10,7 +10,7 @@ import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .comparison import compare, open_llama_cpp
 from .prompts import depth_and_prompt
 from .stats import median_ci
 from .timing import RunTiming, summarize
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -128,6 +131,41 @@ class BandwidthSideBySide:
         }
 
 
+def device_bandwidth(backend) -> dict[str, Any] | None:
+    """The Vulkan device's streaming read bandwidth, measured (None for other backends); a probe that cannot
+    run (no room for its buffer) says why instead of failing the benchmark."""
+    if backend.name != "vulkan":
+        return None
+    from ..backends.vulkan.bandwidth import measure_stream_read  # the vulkan binding is an optional extra
+
+    try:
+        return measure_stream_read(backend).to_dict()
+    except (MemoryError, RuntimeError, ValueError) as e:
+        return {"error": f"not measured: {e}"}
+
+
+def projection_shares(decode_ops: pd.DataFrame, bandwidth: dict[str, Any] | None) -> dict[str, Any]:
+    """Bandwidth of the decode step's projections (op kinds with a matmul: the matvecs and what is fused into
+    them), per kind and together, and their share of the measured streaming bandwidth where there is one."""
+    w = decode_ops[decode_ops["kind"].str.contains("matmul")]
+    if not len(w):
+        return {}
+    best = (bandwidth or {}).get("best_gbs")
+    kinds = w.groupby("kind").agg(bytes=("bytes_read", "sum"), time_s=("time_s", "sum"))
+    rows = []
+    for kind, r in kinds.sort_values("time_s", ascending=False).iterrows():
+        gbs = r["bytes"] / r["time_s"] / 1e9
+        rows.append({"kind": kind, "gbps": gbs, "share": gbs / best if best else None})
+    total = float(w["bytes_read"].sum() / w["time_s"].sum() / 1e9)
+    return {
+        "gbps": total,
+        "share": total / best if best else None,
+        "by_kind": rows,
+        "how": "measured: bytes read (weights and activations) / time of the decode projections (profiled run)"
+        + (f", over the measured streaming read bandwidth {best:.0f} GB/s" if best else ""),
+    }
+
+
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -190,6 +228,9 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
         ours["peak_rss_bytes"] = peak_rss_bytes()
         if side:
             ours["bandwidth_bound"] = side.summary(ours["samples"]["decode_tok_s"])
+        bandwidth = device_bandwidth(engine.backend)
+        if bandwidth:
+            ours["device_bandwidth"] = bandwidth
         tables: dict[str, Any] = {}
         profile_info: dict[str, Any] = {}
         if cfg.profile or cfg.trace:
@@ -210,6 +251,7 @@ def run_bench(cfg: BenchConfig, log=None) -> dict[str, Any]:
                 "decode_by_kind": by_kind(decode_ops).reset_index().to_dict("records")
                 if len(decode_ops)
                 else [],
+                "decode_projections": projection_shares(decode_ops, bandwidth),
             }
             if cfg.trace:
                 from ..instrument.trace import write_trace

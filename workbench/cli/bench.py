@@ -106,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"  thread round trip        {bb['thread_round_trip_us']['median']:.2f} us (an empty parallel loop)"
             )
+    if "device_bandwidth" in o:
+        bw = o["device_bandwidth"]
+        text = (
+            bw["error"] if "error" in bw else f"{bw['best_gbs']:.0f} GB/s best, {bw['median_gbs']:.0f} median"
+        )
+        print(f"  device streaming read    {text} ({bw.get('how', 'shaders/stream_read.comp')})")
     if "decode_host_overhead_share" in o:
         h = o["decode_host_overhead_share"]
         print(
@@ -129,5 +135,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  profiling overhead       {prof['profiling_overhead'] * 100:+.1f}% of decode time")
         for k, val in prof["steps"].items():
             print(f"  {k:<24} {val:.3f}")
+        proj = prof.get("decode_projections") or {}
+        if proj:
+            share = lambda r: f" ({r['share'] * 100:.0f}%)" if r.get("share") else ""  # noqa: E731
+            kinds = ", ".join(f"{r['kind']} {r['gbps']:.0f}{share(r)}" for r in proj["by_kind"])
+            print(f"  decode projections GB/s  {proj['gbps']:.0f}{share(proj)} of the measured read: {kinds}")
     print(f"  record: {res['record']}")
     return 0

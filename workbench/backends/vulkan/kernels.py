@@ -169,6 +169,7 @@ KERNELS: dict[str, KernelSpec] = {
         (("wg", 0),),
     ),
     "argmax": KernelSpec("argmax", ("x_off", "n", "block", "part_off", "n_parts"), (("wg", 0),)),
+    "stream_read": KernelSpec("stream_read", ("n4", "out_off"), (("wg", 0),)),
     "quant_act": KernelSpec(
         "quant_act",
         ("x_off", "x_stride", "q_off", "q_stride", "K", "nw_off", "eps:f", "ms_off"),
@@ -180,7 +181,10 @@ Q8_FORMATS = ("Q8_0", "Q5_0", "Q4_K", "Q6_K", "I8", "I4")
 
 # tunables that are not specialization constants but change how the program is built
 PROGRAM_TUNABLES = {
+    # flash decoding: the fewest keys of a split, and the most splits per query and KV head (a split's keys
+    # grow with the context past splits x split_keys: docs/backend-vulkan.md#attention-splits)
     "attention.split_keys": 32,
+    "attention.splits": 64,
     "argmax.block": 4096,
     "matvec.max_tokens": 8,
     "matmul.coop": 1,
@@ -304,6 +308,7 @@ class Tuning:
             "argmax.wg": 256,
             "gemma3n.wg": max(128, sg),
             "quant_act.wg": max(32, sg),  # one block of 32 values a thread: several small workgroups
+            "stream_read.wg": max(256, sg),
             **PROGRAM_TUNABLES,
         }
         for key, text in (overrides or {}).items():
@@ -427,6 +432,8 @@ class Tuning:
             )
         if not 1 <= v["matvec.max_tokens"] <= 8:
             errors.append("matvec.max_tokens must be 1..8")
+        if v["attention.splits"] > min(65535, f.max_workgroup_count[0]):
+            errors.append(f"attention.splits={v['attention.splits']} exceeds the device's grid width")
         if errors:
             raise ValueError("vulkan backend: invalid tunables: " + "; ".join(errors))
 
@@ -528,6 +535,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     out += [("rmsnorm", ("NO_WEIGHT",))] + [("gemma3n", (f"OP_{op}",)) for op in GEMMA3N_OPS]
     out += [("gemma3n", ("OP_DOWN_T", "DOWN_T_F32")), ("gemma3n", ("OP_ALTUP_PREDICT", "INJECT"))]
     out += [("quant_act", d) for d in ((), ("NORM",), ("NORM", "MS_IN"))]
+    out += [("stream_read", ())]
     return out
 
 

@@ -441,8 +441,14 @@ class Builder:
         if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"] or hd > 64 * sg:
             raise UnsupportedOpError(f"op {op.name}: heads {nh}/{nkv} x {hd} not supported by attention.comp")
         max_keys = min(window or layer.slots, layer.slots)
+        # flash decoding: at most attention.splits splits of at least attention.split_keys keys, their length
+        # set in the shader from the query's position (split_len in attn_merge.glsl)
         sk = b.tuning["attention.split_keys"]
-        n_split = -(-max_keys // sk) if longest <= b.tuning["matvec.max_tokens"] else 1
+        n_split = (
+            min(b.tuning["attention.splits"], -(-max_keys // sk))
+            if longest <= b.tuning["matvec.max_tokens"]
+            else 1
+        )
         suffix = tag.replace("#", ".")  # tensor names of this group's scratch
         part = (
             self.tmp(f"{op.name}:partials{suffix}", 1, t * max(n_split, 1) * nh * (hd + 2))
