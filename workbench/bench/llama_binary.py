@@ -64,7 +64,12 @@ def binary_at(path: str) -> LlamaBinary:
     if not os.access(p, os.X_OK):
         raise LlamaBinaryUnavailable(f"--llama-cpp {path}: {p} is not executable")
     p = p.resolve()
-    return LlamaBinary(p, kind, library_env(p.parent), f"--llama-cpp {path}", None)
+    try:  # the packaged llama-server named by its path: its package's version still names the build
+        pkg = packaged_binary()
+    except LlamaBinaryUnavailable:
+        pkg = None
+    build = pkg.build if pkg is not None and pkg.path.resolve() == p else None
+    return LlamaBinary(p, kind, library_env(p.parent), f"--llama-cpp {path}", build)
 
 
 def packaged_binary() -> LlamaBinary:
