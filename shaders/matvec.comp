@@ -38,13 +38,10 @@ float dot8(vec4 a, vec4 b, vec4 c, vec4 d) { return dot(a, b) + dot(c, d); }
 // instead of both multiplying every token's activations (fp16 products keep normalized activations)
 #define FOLD_NORM
 #endif
-#if defined(POST_NORM_ADD) || defined(Q8_ACT)
-// coherent views of the arena: the post-norm tail and the split-K merge read what other workgroups wrote
+#ifdef POST_NORM_ADD
 layout(binding = 1) coherent buffer ArenaC { float actc[]; };
 layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 layout(binding = 1) coherent buffer ArenaC4 { vec4 actc4[]; };
-#endif
-#ifdef POST_NORM_ADD
 #define Y_STORE actc
 #else
 #define Y_STORE act
@@ -95,24 +92,13 @@ layout(constant_id = 3) const uint KC = 8;  // columns of the weight (a constant
 layout(constant_id = 4) const uint RB = 1;  // rows per group of ROW_THREADS threads
 // Q8_ACT: units whose weights a thread loads before it uses any of them (1 or 2: more bytes in flight)
 layout(constant_id = 5) const uint UNITS_AHEAD = 1;
-// Split K (one-token integer matvec, plain or post-norm): KSPLIT consecutive workgroups share a group of rows,
-// each summing one run of the columns into partials (at split_off); the last of them to finish (a counter per
-// row group, reset by it) adds the partials in split order (the same sums every run) and stores the rows. A
-// projection of few rows over many columns (27B's down projection: 84 groups of 64 rows) then fills the
-// device without fewer rows a workgroup (docs/backend-vulkan.md#split-k).
-layout(constant_id = 6) const uint KSPLIT = 1;
 #define MAX_T 8
 const uint ROWS = WG / ROW_THREADS;  // row groups per workgroup
-#if defined(Q8_ACT) && !defined(GELU_PAIR) && !defined(SPARSE_UP) && !defined(GATE_MUL)
-const uint KS = NT == 1u ? KSPLIT : 1u;
-#else
-const uint KS = 1u;
-#endif
 
 layout(push_constant) uniform PC {
     uvec4 pl;
     uvec4 pl2;
-    uint K, N, split_off, row0;  // split_off: KSPLIT > 1: KS x N partial sums, then a counter per row group
+    uint K, N, unused_t, row0;
     uint x_off, x_stride, y_off, y_stride;
     uint nw_off;
     float eps;
@@ -312,10 +298,7 @@ float stored(float s, uint t, uint row) {
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint r_local = tid / ROW_THREADS, lane = tid % ROW_THREADS;
-    uint grp = flat_group() / KS, split = flat_group() % KS;  // row group; run of the columns (split K)
-    const uint GROUP_ROWS = ROWS * RB;
-    if (KS > 1u && grp * GROUP_ROWS >= pc.N) return;  // past the grid's last row group: counted by none
-    uint row_base = grp * GROUP_ROWS + r_local;  // rows row_base + j * ROWS, j < RB
+    uint row_base = flat_group() * ROWS * RB + r_local;  // rows row_base + j * ROWS, j < RB
     bool live = row_base < pc.N;
 #ifdef SPARSE_UP
     {  // rows whose gate the top-k zeroed for every token: no weight loads (their output is gelu(0) * 0)
@@ -358,15 +341,14 @@ void main() {
 #ifdef Q8_ACT
     if (live) {
         // x rows: KC int8 values (KC / 16 uvec4), then KC / 32 block metas (vec4)
-        const uint NU = KC / UNIT_COLS, NUS = (NU + KS - 1u) / KS;  // units, units of a split
-        uint u_lo = split * NUS, u_hi = min(NU, u_lo + NUS);
-        for (uint u0 = u_lo + lane; u0 < u_hi; u0 += ROW_THREADS * UNITS_AHEAD) {
+        const uint NU = KC / UNIT_COLS;
+        for (uint u0 = lane; u0 < NU; u0 += ROW_THREADS * UNITS_AHEAD) {
             UnitW wa[UNITS_AHEAD * RB];
 #ifdef GELU_PAIR
             UnitW wb[UNITS_AHEAD * RB];
 #endif
             [[unroll]] for (uint s = 0u; s < UNITS_AHEAD; ++s) {
-                uint u = min(u0 + s * ROW_THREADS, u_hi - 1u);  // past the last unit: a valid one, never summed
+                uint u = min(u0 + s * ROW_THREADS, NU - 1u);  // past the last unit: a valid one, never summed
                 [[unroll]] for (uint j = 0u; j < RB; ++j) {
                     uint row = min(row_base + j * ROWS, pc.N - 1u);  // rows past N: a valid row, never stored
                     wa[s * RB + j] = unitw_a(pc.pl, KC, row, u);
@@ -377,7 +359,7 @@ void main() {
             }
             [[unroll]] for (uint s = 0u; s < UNITS_AHEAD; ++s) {
                 uint u = u0 + s * ROW_THREADS;
-                if (u >= u_hi) break;
+                if (u >= NU) break;
                 [[unroll]] for (uint t = 0u; t < NT; ++t) {
                     uint qb = (pc.x_off + t * pc.x_stride) / 4u, mb = qb + KC / 16u;
                     [[unroll]] for (uint j = 0u; j < RB; ++j) {
@@ -462,12 +444,6 @@ void main() {
 #ifdef GELU_PAIR
         row_sums(acc2[j], r_local);
 #endif
-#ifdef Q8_ACT
-        if (KS > 1u) {  // one token, no fused output function: this split's raw row sum
-            if (lane == 0u && row < pc.N) actc[pc.split_off + split * pc.N + row] = acc[j][0];
-            continue;
-        }
-#endif
         for (uint t = 0u; t < NT; ++t) {
             float s2 = 0.0;
 #ifdef GELU_PAIR
@@ -478,34 +454,11 @@ void main() {
             if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
         }
     }
-#if defined(Q8_ACT)
-    if (KS > 1u) {  // the row group's last split adds the partials in split order and stores the rows
-        memoryBarrierBuffer();
-        barrier();
-        if (tid == 0u) {
-            uint c = pc.split_off + KS * pc.N + grp;
-            last_wg = atomicAdd(actu[c], 1u) == KS - 1u;
-            if (last_wg) actu[c] = 0u;  // ready for the next step
-        }
-        barrier();
-        if (!last_wg) return;
-        memoryBarrierBuffer();
-        for (uint i = tid; i < GROUP_ROWS; i += WG) {
-            uint row = grp * GROUP_ROWS + i;
-            if (row < pc.N) {
-                float s = 0.0;
-                for (uint k = 0u; k < KS; ++k) s += actc[pc.split_off + k * pc.N + row];
-                Y_STORE[pc.y_off + pc.row0 + row] = s;
-            }
-        }
-    }
-#endif
 #ifdef POST_NORM_ADD
     memoryBarrierBuffer();
     barrier();
-    if (tid == 0u) {  // with split K only the row groups' last splits count in
-        uint groups = KS > 1u ? (pc.N + GROUP_ROWS - 1u) / GROUP_ROWS : gl_NumWorkGroups.x * gl_NumWorkGroups.y;
-        last_wg = atomicAdd(actu[pc.cnt_off], 1u) == groups - 1u;
+    if (tid == 0u) {
+        last_wg = atomicAdd(actu[pc.cnt_off], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
         if (last_wg) actu[pc.cnt_off] = 0u;  // ready for the next step
     }
     barrier();

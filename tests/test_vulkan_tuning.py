@@ -170,50 +170,6 @@ def test_integer_matvec_units_ahead_keep_the_bits(wide_models, quant):
         assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("ksplit", [2, 3])
-def test_integer_matvec_split_k_matches_one_run_of_columns(wide_models, ksplit):
-    """Split K (matvec.q8_ksplit, KSPLIT in matvec.comp): the one-token plain and post-norm integer matvecs
-    sum runs of the columns in several workgroups, the row group's last adds them (3 splits of 6, 6 and 4
-    units here); successive steps reuse the counters (reset by the kernel). Logits equal one run's within
-    float rounding; the gate/up pair and steps of several tokens do not split."""
-    model = wide_models["q4_k_m"]
-    base = "matvec.q8=1,matvec.q8_row_threads=4"
-    runs = {}
-    for ks in (1, ksplit):
-        ev = vulkan_engine(model, tune=f"{base},matvec.q8_ksplit={ks}")
-        seq = ev.new_sequence()
-        ev.forward(seq, TOKENS[:5])
-        runs[ks] = [ev.forward(seq, [t]) for t in (11, 48, 85, 3)] + [
-            ev.forward(seq, [7, 9, 2], logits="all")
-        ]
-        split = [d for p in ev.backend.programs.values() for d in p.dispatches if dict(d.spec).get(6, 1) > 1]
-        ev.backend.dev.check_validation()
-        if ks == 1:
-            assert not split
-            continue
-        assert split and all(
-            "GELU_PAIR" not in d.defines and any(":splitk" in w for w in d.writes) for d in split
-        )
-        assert {"POST_NORM_ADD" in d.defines for d in split} == {True, False}
-        assert all(dict(d.spec)[2] == 1 for d in split)  # one-token steps only
-    for a, b in zip(runs[1], runs[ksplit]):
-        assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
-
-
-def test_split_k_choice():
-    """k_splits: a tuned shape's value, else the fixed tunable, else as many as keep the grid within
-    matvec.q8_split_groups; never more than 8 or than a row's threads of units."""
-    from workbench.backends.vulkan.program import k_splits
-
-    v = {"matvec.q8_ksplit": 0, "matvec.q8_split_groups": 256}
-    assert k_splits(v, 84, 21504, 32, None) == 3  # 27B's down projection: 84 groups of 64 rows
-    assert k_splits(v, 336, 4096, 64, None) == 1
-    assert k_splits(v, 10, 21504, 32, None) == 8
-    assert k_splits(v, 10, 4096, 64, None) == 2  # 128 units, 64 threads a row
-    assert k_splits(v, 84, 21504, 32, {"ksplit": 5}) == 5
-    assert k_splits({**v, "matvec.q8_ksplit": 4}, 1000, 21504, 32, None) == 4
-
-
 @pytest.mark.parametrize("q8", [0, 1])
 def test_post_norm_tail_in_registers_equals_the_loop(wide_models, q8):
     """TAIL_REGS (matvec.tail_regs): the one-token post-norm tail with its row in registers (and, on int8

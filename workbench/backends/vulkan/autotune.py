@@ -37,7 +37,6 @@ CHOICES = {
     "tm": (1, 2, 3, 4),
     "tn": (1, 2, 3, 4),
     "bk": (32, 64),
-    "ksplit": (1, 2, 3, 4, 6, 8),
 }
 
 
@@ -236,10 +235,7 @@ class Tuner:
             spec = dict(next(d.spec for d in prog.dispatches if d.kernel == "matvec"))
         finally:
             prog.destroy()
-        params = {"wg": spec[0], "row_threads": spec[1], "rows": spec[4]}
-        if splits_k(key):
-            params["ksplit"] = spec.get(6, 1)
-        return params
+        return {"wg": spec[0], "row_threads": spec[1], "rows": spec[4]}
 
     def run(
         self, prompt_tokens: int = 512, db: TuningDB | None = None, kernels: tuple[str, ...] = KERNELS
@@ -278,20 +274,9 @@ class Tuner:
         db.save()
 
 
-def splits_k(key: str) -> bool:
-    """Whether the matvec shape ``key`` can split K (shaders/matvec.comp KSPLIT: one-token integer matvecs
-    without a fused output function)."""
-    return (
-        key.startswith("matvec/")
-        and "/q8" in key
-        and key.endswith("/t1")
-        and not any(v in key for v in ("gelu_pair", "sparse_up", "gate_mul"))
-    )
-
-
 def neighbours(kernel: str, params: dict[str, int]) -> Iterator[dict[str, int]]:
     """Every candidate one step away in one parameter (the next larger or smaller choice)."""
-    for name in [p for p in PARAMS[kernel] if p in params]:
+    for name in PARAMS[kernel]:
         opts = CHOICES[name]
         cur = params[name]
         i = opts.index(cur) if cur in opts else min(range(len(opts)), key=lambda j: abs(opts[j] - cur))

@@ -58,7 +58,7 @@ KERNELS: dict[str, KernelSpec] = {
             "pl2:4",
             "K",
             "N",
-            "split_off",
+            "T",
             "row0",
             "x_off",
             "x_stride",
@@ -210,11 +210,6 @@ PROGRAM_TUNABLES = {
     "matvec.q8_rows": 1,  # rows per group of threads of the integer matvec in one-token steps
     # weight units a thread of the integer matvec loads before it uses any (1 or 2: more bytes in flight)
     "matvec.q8_ahead": 1,
-    # split K of the one-token integer matvec (plain and post-norm; shaders/matvec.comp KSPLIT): 0 picks per
-    # shape the most splits (up to 8, each at least a row's threads of units) that keep the grid within
-    # matvec.q8_split_groups workgroups; n >= 1: n splits where they fit. A tuned shape's own value wins
-    "matvec.q8_ksplit": 0,
-    "matvec.q8_split_groups": 256,
     "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
     # float16 keys and values in the KV cache (16-bit storage buffers; products stay float32): half the
     # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default: its 16-bit loads are
@@ -366,8 +361,7 @@ class Tuning:
             elif (
                 val < 1
                 and key not in SWITCHES
-                and key
-                not in ("matvec.row_threads_batch", "matvec.wg_tall", "ffn.down_t", "matvec.q8_ksplit")
+                and key not in ("matvec.row_threads_batch", "matvec.wg_tall", "ffn.down_t")
             ):
                 errors.append(f"{key}={val} must be positive")
             if key.endswith((".wg", ".wg_tall")) and (
@@ -438,8 +432,6 @@ class Tuning:
             )
         if not 1 <= v["matvec.max_tokens"] <= 8:
             errors.append("matvec.max_tokens must be 1..8")
-        if not 0 <= v["matvec.q8_ksplit"] <= 8:
-            errors.append(f"matvec.q8_ksplit={v['matvec.q8_ksplit']} must be 0 (per shape) or 1..8")
         if v["attention.splits"] > min(65535, f.max_workgroup_count[0]):
             errors.append(f"attention.splits={v['attention.splits']} exceeds the device's grid width")
         if errors:

@@ -54,17 +54,6 @@ class Dispatch:
     barrier: bool = False
 
 
-def k_splits(v: dict[str, int], groups: int, k: int, row_threads: int, tuned: dict[str, int] | None) -> int:
-    """Column runs (split K) of a one-token integer matvec of ``groups`` row groups over ``k`` columns: the
-    tuned shape's value, else ``matvec.q8_ksplit`` (0: as many as keep the grid within
-    ``matvec.q8_split_groups`` workgroups), at most 8 and at most one a row's threads of 32-column units."""
-    most = max(1, min(8, k // 32 // row_threads))
-    if tuned and "ksplit" in tuned:
-        return max(1, min(most, tuned["ksplit"]))
-    n = v["matvec.q8_ksplit"] or v["matvec.q8_split_groups"] // max(groups, 1)
-    return max(1, min(most, n))
-
-
 def split_groups(n: int) -> tuple[int, int]:
     """A 2-D grid of at least ``n`` workgroups (x capped at 65535); shaders flatten it with flat_group()."""
     x = min(n, MAX_GROUPS_X)
@@ -200,7 +189,7 @@ class Builder:
         q_norm = self.next_norm(out, k=w.rows) if fuse_q else None
         q_out = self.tmp(f"{out}:q8:{q_norm[0]}", t, w.rows // 4 + w.rows // 8) if q_norm else None
         for i, part in enumerate(w.parts):
-            push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, split_off=0,
+            push = dict(pl=part.planes, pl2=w2.parts[i].planes if w2 else (0, 0, 0, 0), K=k, N=part.rows, T=t,
                         row0=part.row0, x_off=Ref(x), x_stride=stride, y_off=Ref(y), y_stride=self.widths[y],
                         nw_off=b.small_offset(norm) if norm else 0, eps=eps, r_off=Ref(res) if res else 0,
                         r_stride=self.widths[res] if res else 0, o_off=Ref(out) if out else 0,
@@ -248,27 +237,14 @@ class Builder:
             tuned = self.forced.get(key) or b.tuned.get(key)
             if tuned:  # found on this device by `workbench tune`
                 wg, rt, rb = tuned["wg"], tuned["row_threads"], tuned["rows"]
-            groups = -(-part.rows // (wg // rt * rb))
-            splittable = q8 and t == 1 and not (w2 or gate or ple)
-            ksplit = k_splits(b.tuning.values, groups, k, rt, tuned) if splittable else 1
-            if (
-                ksplit > 1
-            ):  # partial sums, then the row groups' counters (zero at the start, reset by the kernel)
-                scratch = self.tmp(f"{op.name}:{wname}:splitk{i}", 1, ksplit * part.rows + groups)
-                self.pinned.add(scratch)
-                push["split_off"] = Ref(scratch)
-                writes_split = [scratch]
-            else:
-                writes_split = []
-            gx, gy = split_groups(groups * ksplit)
+            gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
             reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
             reads += [ms_in] if ms_in else []
             reads += [gate] if gate else []
             reads += [ple[0]] if ple else []
-            writes += ([q_out] if q_out else []) + writes_split
+            writes += [q_out] if q_out else []
             spec = [(0, wg), (1, rt), (2, t), (3, k), (4, rb)]
             spec += [(5, b.tuning["matvec.q8_ahead"])] if q8 else []
-            spec += [(6, ksplit)] if ksplit > 1 else []
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
         if q_out:

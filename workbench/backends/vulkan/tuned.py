@@ -26,8 +26,7 @@ from .shaders import source_hash
 
 FORMAT_VERSION = 1
 # the parameters an entry may set, per kernel
-# per-shape parameters (a matvec entry's "ksplit" is optional: shapes that cannot split K have none)
-PARAMS = {"matvec": ("wg", "row_threads", "rows", "ksplit"), "matmul_coop": ("wg", "wm", "tm", "tn", "bk")}
+PARAMS = {"matvec": ("wg", "row_threads", "rows"), "matmul_coop": ("wg", "wm", "tm", "tn", "bk")}
 
 
 def default_path() -> Path:
@@ -63,8 +62,6 @@ def param_errors(kernel: str, params: dict[str, int], f: DeviceFeatures) -> list
             errors.append(f"row_threads={rt} must be a power of two dividing wg")
         if not 1 <= rows <= 8:
             errors.append(f"rows={rows} must be 1..8")
-        if not 1 <= params.get("ksplit", 1) <= 8:
-            errors.append(f"ksplit={params['ksplit']} must be 1..8")
     elif not errors:
         errors += coop_errors(
             wg, params.get("wm", 0), params.get("tm", 0), params.get("tn", 0), f, params.get("bk", 32)
