@@ -262,3 +262,26 @@ def test_eval_record_entry():
         "aaaaaaa",
     )
     assert e.result.startswith("ppl 12.56 vs 12.54 (+0.2%)")
+
+
+def test_gpu_bound_from_the_measured_streaming_read_and_projection_share(tmp_path):
+    """A Vulkan record with the device's measured streaming read (bench's bandwidth probe) gets a measured
+    decode / bound (no "(p)"), and the profile's decode projections share goes to its README column."""
+    res = _bench_results(900.0, 400.0)
+    res["ours"]["device_bandwidth"] = {"role": "device", "best_gbs": 3000.0, "median_gbs": 2990.0}
+    res["profile"] = {"decode_projections": {"gbps": 1320.0, "share": 0.44}}
+    root = tmp_path / "experiments"
+    write_record(
+        {"kind": "bench", "how": "measured on vulkan:GPU (gpu)", "backend": "vulkan", "device": "vulkan:GPU",
+         "command": "workbench bench -m synthetic:gemma3-27b --backend vulkan",
+         "model": {"name": "synthetic:gemma3-27b", "params": 27 * 10**9, "weights_bytes": 165 * 10**8},
+         "environment": _env(driver={"api": "vulkan", "driver_name": "NVIDIA", "driver_info": "580.1"}),
+         "results": res, "created": "2026-11-27T18:00:00+0000"},
+        {}, root=root, group="q",
+    )  # fmt: skip
+    (root / "q" / "notes.md").write_text("# A question\n")
+    [e] = [x for x in S.load_entries(root / "q") if x.kind == "bench"]
+    assert e.bound_how == "measured" and e.bound == pytest.approx(400 * 165e8 / 3000e9)
+    assert e.extra["projection_share"] == 0.44
+    [row] = [line for line in S.readme_table(root).splitlines() if "gemma3-27b" in line]
+    assert f"| {100 * e.bound:.1f}% | 44% |" in row
