@@ -131,20 +131,24 @@ def decode_steps(model, tune: str, tokens=(11, 48, 85)):
 
 def test_post_norm_tail_writes_the_next_int8_input(wide_models):
     """QUANT_OUT: the attn_output / ffn_down tails quantize the next projection's normalized input, so no
-    quant_act dispatch precedes gate/up or the next layer's QKV; the logits equal those of separate passes."""
+    quant_act dispatch precedes gate/up or the next layer's QKV, and the attention merge (attn_combine.comp)
+    quantizes the attention output for attn_output; the logits equal those of separate passes."""
     model = wide_models["q4_k_m"]
     runs = {}
+    n = model.config.n_layers
     for q in (0, 1):
         runs[q], prog, _ = decode_steps(model, f"matvec.q8=1,matvec.quant_out={q}")
-        tails = [d for d in prog.dispatches if "QUANT_OUT" in d.defines]
+        tails = [d for d in prog.dispatches if "QUANT_OUT" in d.defines and d.kernel == "matvec"]
+        merges = [d for d in prog.dispatches if "QUANT_OUT" in d.defines and d.kernel == "attn_combine"]
         quants = [d for d in prog.dispatches if d.kernel == "quant_act"]
         if q:
-            assert len(tails) == 2 * model.config.n_layers - 1  # the last layer's feeds the LM head's norm
-            assert (
-                len(quants) == 2 + 2 * model.config.n_layers
-            )  # first QKV, each attention and GELU output, LM head
+            assert len(tails) == 2 * n - 1  # the last layer's feeds the LM head's norm
+            # every merge (layers whose attention splits: the global ones here) quantizes; the others' outputs,
+            # the first QKV input, each GELU output and the LM head's input get a quant_act
+            combines = [d for d in prog.dispatches if d.kernel == "attn_combine"]
+            assert merges == combines and len(merges) >= 1 and len(quants) == 2 + 2 * n - len(merges)
         else:
-            assert not tails
+            assert not tails and not merges and len(quants) == 1 + 4 * n  # and each layer's QKV and gate/up
     for a, b in zip(runs[0], runs[1]):
         assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
 

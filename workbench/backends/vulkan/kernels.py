@@ -116,7 +116,19 @@ KERNELS: dict[str, KernelSpec] = {
     ),
     "attn_combine": KernelSpec(
         "attn_combine",
-        ("o_off", "o_stride", "part_off", "n_heads", "hd", "n_split", "window", "split_keys", "t0"),
+        (
+            "o_off",
+            "o_stride",
+            "part_off",
+            "n_heads",
+            "hd",
+            "n_split",
+            "window",
+            "split_keys",
+            "t0",
+            "q_off",
+            "q_stride",
+        ),
         (("wg", 0),),
     ),
     "rmsnorm": KernelSpec(
@@ -528,7 +540,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
     for kv in ((), ("KV_F16",)):  # the cache's float32 and float16 (kv.fp16) variants
         out += [("attention", kv), ("attention", ("FUSED_COMBINE", *kv)), ("kv_store", kv)]
         out += [("rmsnorm", ("ROPE", "KV_OUT", *x, *kv)) for x in ((), ("NO_NORM",), ("V_NORM",))]
-    out += [("attn_combine", ()), ("rmsnorm", ()), ("rmsnorm", ("ADD",))]
+    out += [("attn_combine", ()), ("attn_combine", ("QUANT_OUT",)), ("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",))]
     out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]

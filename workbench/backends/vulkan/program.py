@@ -260,6 +260,23 @@ class Builder:
             w2 is None or w.defines == w2.defines
         )
 
+    def plain_q8_reader(self, x: str) -> bool:
+        """Whether the projection that reads ``x`` takes it without a fused norm on the integer path, so that
+        the op writing ``x`` may also write its int8 blocks (``Builder.quantized`` then finds them)."""
+        for op in self.graph.ops:
+            mm = (
+                op.attrs["parts"][0]
+                if op.kind == "matmul_rmsnorm_add"
+                else op
+                if op.kind == "matmul"
+                else None
+            )
+            if mm is not None and mm.inputs[0] == x and mm.weights:
+                if x in self.sparse_acts or self.backend.small_matrix(mm.weights[0]):
+                    return False
+                return self.integer_path(self.backend.weight(mm.weights[0]), None, self.widths[x])
+        return False
+
     def next_norm(self, x: str, k: int) -> tuple[str, float] | None:
         """(norm weight, eps) of the fused norm + decode projection that reads ``x`` next, if its weights take
         the integer path (so its int8 input can be written by the op that produces ``x``)."""
@@ -469,9 +486,17 @@ class Builder:
                  (["FUSED_COMBINE"] if fused_combine else []) + list(layer.defines),
                  spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size), (5, multi)], kv=caches)  # fmt: skip
         elif stage == "merge" and part and not fused_combine:
+            # the merge also writes the int8 blocks of the attention output where the projection reading it
+            # takes them (no quant_act dispatch and barrier of its own; blocks of 32 lie within a head)
+            quant = hd % 32 == 0 and b.tuning["matvec.quant_out"] and self.plain_q8_reader(out)
+            q8 = self.tmp(f"{out}:q8", self.rows(out), nh * hd // 4 + nh * hd // 8) if quant else None
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
-                        n_split=n_split, window=window, split_keys=sk, t0=t0)  # fmt: skip
-            self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out + tag])
+                        n_split=n_split, window=window, split_keys=sk, t0=t0, q_off=Ref(q8) if q8 else 0,
+                        q_stride=nh * hd // 4 + nh * hd // 8)  # fmt: skip
+            self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out + tag] + ([q8] if q8 else []),
+                     ["QUANT_OUT"] if q8 else [])  # fmt: skip
+            if q8:
+                self.q8_inputs[(out, None)] = q8
 
     def _store_in_rope(self, op: Op, k: str, v: str, kvres: tuple[str, ...], caches: tuple[Buffer, ...], layer,
                        window: int) -> bool:  # fmt: skip
