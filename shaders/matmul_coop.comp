@@ -8,7 +8,9 @@
 // (DEQ8_FETCH / DEQ8_DECODE), so no instruction waits on a global load ahead of the matrix work (one barrier
 // pair per step). Whole 16x16 results go straight to the arena; those cut by the edges go through one
 // shared 16x16 staging tile, bounds-checked. K must be a multiple of 32. Activations beyond the fp16 range are
-// clamped to +-65504 (a documented difference from the fp32 kernel, matmul.comp). The shared tiles are
+// clamped to +-65504 (a documented difference from the fp32 kernel, matmul.comp). X_F16: X arrives as fp16
+// (converted once per input by eltwise.comp's OP_TO_F16, shared by the projections that read it), half the
+// bytes and registers of the fp32 loads and no conversion per tile (matmul_coop.x16). The shared tiles are
 // arrays of f16vec4, so cooperative-matrix offsets and strides below count 4-value elements.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
@@ -16,6 +18,10 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #include "common.glsl"
+#ifdef X_F16
+// X as fp16 (eltwise.comp OP_TO_F16, once per input): four halves a load, x_off in floats, x_stride in halves
+layout(binding = 1) readonly buffer ArenaX16 { uvec2 actx2[]; };
+#endif
 #define WBUF w32
 #define DEQ8 deq_a
 #define DEQ8_FETCH deq_fetch
@@ -50,7 +56,11 @@ shared float edge[256];  // one 16x16 result cut by the matrix edges, staged
 
 #define CM(use, type) coopmat<type, gl_ScopeSubgroup, 16, 16, use>
 
+#ifdef X_F16
+uvec2 xreg[XL];          // step k's X, as loaded (four halves)
+#else
 vec4 xreg[XL];           // step k's X, as loaded
+#endif
 uint wraw[WL][DEQ_RAW];  // step k's weight words, as loaded
 bool wok[WL];            // the chunk lies inside W
 
@@ -60,8 +70,13 @@ void fetch_tiles(uint k0, uint m0, uint n0, uint tid) {
     [[unroll]] for (uint j = 0u; j < XL; ++j) {
         uint i = tid + j * WG;
         uint m = i / (BK / 4u), c = i % (BK / 4u);
+#ifdef X_F16
+        xreg[j] = uvec2(0u);
+        if (i < BM * (BK / 4u) && m0 + m < pc.T) xreg[j] = actx2[(2u * pc.x_off + (m0 + m) * pc.x_stride + k0) / 4u + c];
+#else
         xreg[j] = vec4(0.0);
         if (i < BM * (BK / 4u) && m0 + m < pc.T) xreg[j] = act4[(pc.x_off + (m0 + m) * pc.x_stride + k0) / 4u + c];
+#endif
     }
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
         uint i = tid + j * WG;
@@ -75,7 +90,12 @@ void fetch_tiles(uint k0, uint m0, uint n0, uint tid) {
 void store_tiles(uint k0, uint n0, uint tid) {
     [[unroll]] for (uint j = 0u; j < XL; ++j) {
         uint i = tid + j * WG;
+#ifdef X_F16
+        if (i < BM * (BK / 4u))
+            xs[(i / (BK / 4u)) * SX4 + i % (BK / 4u)] = f16vec4(unpackFloat2x16(xreg[j].x), unpackFloat2x16(xreg[j].y));
+#else
         if (i < BM * (BK / 4u)) xs[(i / (BK / 4u)) * SX4 + i % (BK / 4u)] = f16vec4(clamp(xreg[j], -65504.0, 65504.0));
+#endif
     }
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
         uint i = tid + j * WG;

@@ -204,6 +204,10 @@ PROGRAM_TUNABLES = {
     # projection is launch-bound, so rounding its inputs to fp16 buys nothing (tiny test models, not Gemma's
     # sizes: the smallest hidden size is 640)
     "matmul.coop_min_k": 256,
+    # the cooperative-matrix GEMM reads its input as fp16, converted once per input (eltwise.comp OP_TO_F16):
+    # half the bytes and registers of fp32 loads, no conversion per tile (the same fp16 values: the kernel
+    # rounds X to fp16 either way); 0: fp32 loads (docs/backend-vulkan.md#prefill-gemm)
+    "matmul_coop.x16": 1,
     "matvec.norm_rows": 65536,
     "attention.fused_combine": 0,  # the separate merge measured faster (docs/backend-vulkan.md#single-stream)
     "attention.kv_in_rope": 1,
@@ -248,6 +252,7 @@ PROGRAM_TUNABLES = {
 }
 SWITCHES = (
     "matmul.coop",
+    "matmul_coop.x16",
     "attention.fused_combine",
     "attention.kv_in_rope",
     "matvec.post_norm",
@@ -536,13 +541,13 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
                     ("GATE_MUL",),
                 )
             ]
-        out += [("matmul", f), ("matmul_coop", f), ("embed", f)]
+        out += [("matmul", f), ("matmul_coop", f), ("matmul_coop", (*f, "X_F16")), ("embed", f)]
     for kv in ((), ("KV_F16",)):  # the cache's float32 and float16 (kv.fp16) variants
         out += [("attention", kv), ("attention", ("FUSED_COMBINE", *kv)), ("kv_store", kv)]
         out += [("rmsnorm", ("ROPE", "KV_OUT", *x, *kv)) for x in ((), ("NO_NORM",), ("V_NORM",))]
     out += [("attn_combine", ()), ("attn_combine", ("QUANT_OUT",)), ("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",))]
-    out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER")]
+    out += [("eltwise", (f"OP_{op}",)) for op in ("ADD", "GELU_MUL", "SOFTCAP", "GATHER", "TO_F16")]
     out += [("argmax", ("PASS1",)), ("argmax", ())]
     out += [("rmsnorm", ("NO_WEIGHT",))] + [("gemma3n", (f"OP_{op}",)) for op in GEMMA3N_OPS]
     out += [("gemma3n", ("OP_DOWN_T", "DOWN_T_F32")), ("gemma3n", ("OP_ALTUP_PREDICT", "INJECT"))]

@@ -310,6 +310,21 @@ class Builder:
         self.q8_inputs[key] = name
         return name
 
+    def halves(self, op: Op, x: str) -> str:
+        """``x`` as fp16 (two values a word; eltwise.comp OP_TO_F16) for the cooperative-matrix GEMM: one
+        dispatch per input, shared by the projections that read it (QKV, gate/up), like the int8 inputs."""
+        key = (x, ":f16")
+        if key in self.q8_inputs:
+            return self.q8_inputs[key]
+        rows, k = self.rows(x), self.widths[x]
+        name = self.tmp(f"{x}:f16", rows, k // 2)
+        push = dict(a_off=Ref(x), a_stride=k, b_off=0, b_stride=0, y_off=Ref(name), y_stride=k // 2, width=k // 2,
+                    rows=rows, cap=0.0)  # fmt: skip
+        wg = self.backend.tuning["eltwise.wg"]
+        self.add(op, "eltwise", push, (-(-(k // 2) // wg), rows, 1), [x], [name], ["OP_TO_F16"])
+        self.q8_inputs[key] = name
+        return name
+
     def gemm(self, op: Op, x: str, y: str, wname: str) -> None:
         """Prefill projection: the cooperative-matrix kernel (fp16 in, fp32 accumulate) where the device has
         16x16x16 fp16 matrices, ``matmul.coop`` is on and K is at least ``matmul.coop_min_k``, else the fp32
@@ -337,11 +352,15 @@ class Builder:
             bm = tun["matmul.wg_m"] * tun["matmul.tm"]
             bn = tun["matmul.wg"] // tun["matmul.wg_m"] * tun["matmul.tn"]
             spec = []
+        defines, xin, x_stride = list(w.defines), x, k
+        if kernel == "matmul_coop" and tun["matmul_coop.x16"]:
+            xin, x_stride = self.halves(op, x), k  # fp16 input, its stride in halves
+            defines.append("X_F16")
         for part in w.parts:
-            push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(x), x_stride=k,
+            push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(xin), x_stride=x_stride,
                         y_off=Ref(y), y_stride=self.widths[y])  # fmt: skip
             groups = (-(-part.rows // bn), -(-t // bm), 1)
-            self.add(op, kernel, push, groups, [x], [y], list(w.defines), spec, weight=part.buffer)
+            self.add(op, kernel, push, groups, [xin], [y], defines, spec, weight=part.buffer)
 
     def matmul(self, op: Op, x: str, y: str, wname: str) -> None:
         if self.backend.small_matrix(wname):
