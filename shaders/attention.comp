@@ -7,7 +7,8 @@
 // writes unnormalized partials (acc[hd], max, sum) that attn_combine.comp merges, or, with FUSED_COMBINE, the
 // last workgroup of a query to finish (an atomic counter per (token, KV head) in the arena, reset by it) merges.
 // Per tile: each subgroup scores keys (its lanes read one key row together, coalesced; dot by subgroupAdd),
-// one subgroup per head updates the running max/sum, then every thread accumulates its output dims.
+// one subgroup per head updates the running max/sum, then each thread accumulates one vec4 column of the
+// values over every NKG-th key of the tile (key groups; their sums meet in shared memory after the last tile).
 // Cache slots: position p lives in slot p (global layers) or p % ring (sliding layers) of the cache of the
 // query's sequence (p_seq: a dispatch may serve several sequences of equal cache shape, one per grid z row).
 // KV_F16: the cache holds float16 keys and values (converted on load; scores and sums stay float32).

@@ -411,6 +411,15 @@ def test_attention_splits_past_the_context(tiny, tune):
     assert max(splits) == min(most, tiny.config.context_length // split_keys) > 1 and split_keys > 3 + 4
 
 
+@pytest.mark.parametrize("tune", ["attention.wg=8,attention.tile=8", "attention.wg=48,attention.tile=48"])
+def test_attention_value_columns_past_the_workgroup_and_idle_threads(tune, tmp_path):
+    """attention.comp's value phase at head_dim 128 (32 vec4 columns): an 8-wide workgroup holds 4 columns a
+    thread (CPT = 4, one key group); a 48-wide one has one key group of 32 threads and 16 threads without
+    values (vlive). Logits equal numpy's, prefill and decode (splits merged)."""
+    model = wb.load(str(write_synthetic(SMALL, "q8_0", tmp_path / "q8.gguf", progress=False)))
+    compare(model, TOKENS, decode=3, tune=tune + ",attention.split_keys=4")
+
+
 @pytest.mark.parametrize("tune", ["", ",attention.fused_combine=1"])
 def test_attention_split_length_grows_with_the_context(tiny, tune):
     """Past splits x split_keys keys a split's length grows with the query's position (split_len in

@@ -140,8 +140,8 @@ def device_bandwidth(backend) -> dict[str, Any] | None:
 
     try:
         return measure_stream_read(backend).to_dict()
-    except (MemoryError, RuntimeError, ValueError) as e:
-        return {"error": f"not measured: {e}"}
+    except Exception as e:  # an auxiliary figure: the benchmark's own results still stand
+        return {"error": f"not measured: {type(e).__name__}: {e}"}
 
 
 def projection_shares(decode_ops: pd.DataFrame, bandwidth: dict[str, Any] | None) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def binary_at(path: str) -> LlamaBinary:
     p = p.resolve()
     try:  # the packaged llama-server named by its path: its package's version still names the build
         pkg = packaged_binary()
-    except LlamaBinaryUnavailable:
+    except (LlamaBinaryUnavailable, ImportError, OSError):  # no such package, or one without its metadata
         pkg = None
     build = pkg.build if pkg is not None and pkg.path.resolve() == p else None
     return LlamaBinary(p, kind, library_env(p.parent), f"--llama-cpp {path}", build)

@@ -98,7 +98,10 @@ def measure_stream_read(
         seconds = []
         for _ in range(runs):
             run_checked()
-            seconds.append(prog.step_seconds())
+            t = prog.step_seconds()
+            if not t:
+                raise RuntimeError("bandwidth probe: the device gave no timestamps for its runs")
+            seconds.append(t)
         gbs = [words.nbytes / s / 1e9 for s in seconds]
         return StreamBandwidth(role, mib, float(max(gbs)), float(np.median(gbs)), runs)
     finally:

@@ -438,8 +438,9 @@ class Tuning:
             errors.append(
                 "kv.fp16=1 needs storageBuffer16BitAccess (16-bit storage buffers), which this device lacks"
             )
-        if v["argmax.wg"] & (v["argmax.wg"] - 1):
-            errors.append("argmax.wg must be a power of two")
+        for key in ("argmax.wg", "stream_read.wg"):  # their workgroup sums halve the workgroup
+            if v[key] & (v[key] - 1):
+                errors.append(f"{key} must be a power of two")
         for key in ("matvec.row_block_tall", "matvec.row_block_batch"):
             if not 1 <= v[key] <= 8:
                 errors.append(f"{key} must be 1..8")

@@ -101,7 +101,8 @@ class Builder:
     widths: dict[str, int] = field(default_factory=dict)
     pinned: set[str] = field(default_factory=set)  # tensors kept for the whole program (atomic counters)
     groups: list[SeqGroup] = field(default_factory=list)
-    # (input, norm weight) -> its int8 blocks (quant_act), reused by the projections that read them
+    # (input, norm weight) -> its int8 blocks (quant_act), and (input, ":f16") -> its fp16 copy (halves), reused
+    # by the projections that read them; dropped when the input is written again (add)
     q8_inputs: dict[tuple[str, str | None], str] = field(default_factory=dict)
     # per-shape parameters that win over the tuning database (the autotuner's candidates)
     forced: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -354,7 +355,7 @@ class Builder:
             spec = []
         defines, xin, x_stride = list(w.defines), x, k
         if kernel == "matmul_coop" and tun["matmul_coop.x16"]:
-            xin, x_stride = self.halves(op, x), k  # fp16 input, its stride in halves
+            xin = self.halves(op, x)  # fp16 input; x_stride (k) then counts halves
             defines.append("X_F16")
         for part in w.parts:
             push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(xin), x_stride=x_stride,
@@ -474,7 +475,9 @@ class Builder:
             return
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
         sg = b.dev.features.subgroup_size
-        if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 8 * b.tuning["attention.wg"] or hd > 64 * sg:
+        # G <= 8 query heads a KV head; at most 8 vec4 columns of V a thread (CPT in attention.comp); a key row
+        # of at most 16 vec4s a lane (QV)
+        if nh % nkv or nh // nkv > 8 or hd % 4 or hd > 32 * b.tuning["attention.wg"] or hd > 64 * sg:
             raise UnsupportedOpError(f"op {op.name}: heads {nh}/{nkv} x {hd} not supported by attention.comp")
         max_keys = min(window or layer.slots, layer.slots)
         # flash decoding: at most attention.splits splits of at least attention.split_keys keys, their length
@@ -507,7 +510,14 @@ class Builder:
         elif stage == "merge" and part and not fused_combine:
             # the merge also writes the int8 blocks of the attention output where the projection reading it
             # takes them (no quant_act dispatch and barrier of its own; blocks of 32 lie within a head)
-            quant = hd % 32 == 0 and b.tuning["matvec.quant_out"] and self.plain_q8_reader(out)
+            # (one group only: with several, a group that does not split would leave its rows unquantized)
+            quant = (
+                not tag
+                and hd % 32 == 0
+                and self.rows(out) <= b.tuning["matvec.max_tokens"]
+                and b.tuning["matvec.quant_out"]
+                and self.plain_q8_reader(out)
+            )
             q8 = self.tmp(f"{out}:q8", self.rows(out), nh * hd // 4 + nh * hd // 8) if quant else None
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
                         n_split=n_split, window=window, split_keys=sk, t0=t0, q_off=Ref(q8) if q8 else 0,
