@@ -264,14 +264,9 @@ class Builder:
     def plain_q8_reader(self, x: str) -> bool:
         """Whether the projection that reads ``x`` takes it without a fused norm on the integer path, so that
         the op writing ``x`` may also write its int8 blocks (``Builder.quantized`` then finds them)."""
+        projections = {"matmul": lambda op: op, "matmul_rmsnorm_add": lambda op: op.attrs["parts"][0]}
         for op in self.graph.ops:
-            mm = (
-                op.attrs["parts"][0]
-                if op.kind == "matmul_rmsnorm_add"
-                else op
-                if op.kind == "matmul"
-                else None
-            )
+            mm = projections[op.kind](op) if op.kind in projections else None
             if mm is not None and mm.inputs[0] == x and mm.weights:
                 if x in self.sparse_acts or self.backend.small_matrix(mm.weights[0]):
                     return False
@@ -353,12 +348,12 @@ class Builder:
             bm = tun["matmul.wg_m"] * tun["matmul.tm"]
             bn = tun["matmul.wg"] // tun["matmul.wg_m"] * tun["matmul.tn"]
             spec = []
-        defines, xin, x_stride = list(w.defines), x, k
+        defines, xin = list(w.defines), x
         if kernel == "matmul_coop" and tun["matmul_coop.x16"]:
-            xin = self.halves(op, x)  # fp16 input; x_stride (k) then counts halves
+            xin = self.halves(op, x)  # fp16 input; its row stride k then counts halves
             defines.append("X_F16")
         for part in w.parts:
-            push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(xin), x_stride=x_stride,
+            push = dict(pl=part.planes, K=k, N=part.rows, T=t, row0=part.row0, x_off=Ref(xin), x_stride=k,
                         y_off=Ref(y), y_stride=self.widths[y])  # fmt: skip
             groups = (-(-part.rows // bn), -(-t // bm), 1)
             self.add(op, kernel, push, groups, [xin], [y], defines, spec, weight=part.buffer)
