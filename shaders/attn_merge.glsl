@@ -24,24 +24,59 @@ uint splits_used(uint p, uint window, uint min_keys, uint n_split) {
     return min(n_split, (keys + len - 1u) / len);
 }
 
-// merge head h of token t into out[o_base + d]; threads tid, tid + nthreads, ... take the dims
+// The split weights of one merge, e^(m_s - M) / L, for queries of at most MERGE_SPLITS used splits (more
+// take the loop that recomputes them per dim); and the subgroups' partial max / sum of a workgroup reduction.
+const uint MERGE_SPLITS = 64u;
+shared float merge_w[MERGE_SPLITS];
+shared float merge_red[256];  // one per subgroup: at most 1024 invocations of at least 4 lanes
+
+// max (take_max) or sum of v over the workgroup's threads (every thread gets it)
+float merge_reduce(float v, bool take_max) {
+    v = take_max ? subgroupMax(v) : subgroupAdd(v);
+    barrier();  // merge_red is free (an earlier reduction may still be reading it)
+    if (subgroupElect()) merge_red[gl_SubgroupID] = v;
+    barrier();
+    float r = take_max ? -1.0e30 : 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) r = take_max ? max(r, merge_red[i]) : r + merge_red[i];
+    return r;
+}
+
+// merge head h of token t into out[o_base + d]; threads tid, tid + nthreads, ... take the splits' maxima and
+// sums, then the dims (the whole workgroup calls it: it holds barriers). The splits' (m, l) are read once,
+// in parallel, and a dim's partials are weighted from shared memory, four splits' loads issued together: a
+// loop over the splits per dim waited one memory round trip per split.
 void merge_head(uint part_off, uint n_split, uint n_heads, uint hd, uint t, uint h, uint used, uint o_base,
                 uint tid, uint nthreads) {
-    uint stride = hd + 2u;
+    uint stride = hd + 2u, sstep = n_heads * stride;
     uint base = part_off + (t * n_split * n_heads + h) * stride;
-    float M = -1.0e30;
-    for (uint s = 0u; s < used; ++s) M = max(M, actc[base + s * n_heads * stride + hd]);
-    float L = 0.0;
-    for (uint s = 0u; s < used; ++s) {
-        uint b = base + s * n_heads * stride;
-        L += actc[b + hd + 1u] * exp(actc[b + hd] - M);
+    float mx = -1.0e30;
+    for (uint s = tid; s < used; s += nthreads) mx = max(mx, actc[base + s * sstep + hd]);
+    float M = merge_reduce(mx, true);
+    float l = 0.0;
+    for (uint s = tid; s < used; s += nthreads) {
+        uint b = base + s * sstep;
+        float w = exp(actc[b + hd] - M);
+        l += actc[b + hd + 1u] * w;
+        if (s < MERGE_SPLITS) merge_w[s] = w;
     }
+    float L = merge_reduce(l, false);  // its barriers also publish merge_w
+    float inv = 1.0 / L;
     for (uint d = tid; d < hd; d += nthreads) {
         float o = 0.0;
-        for (uint s = 0u; s < used; ++s) {
-            uint b = base + s * n_heads * stride;
-            o += actc[b + d] * exp(actc[b + hd] - M);
+        if (used <= MERGE_SPLITS) {
+            uint s = 0u;
+            for (; s + 4u <= used; s += 4u) {
+                uint b = base + s * sstep + d;
+                float a0 = actc[b], a1 = actc[b + sstep], a2 = actc[b + 2u * sstep], a3 = actc[b + 3u * sstep];
+                o += a0 * merge_w[s] + a1 * merge_w[s + 1u] + a2 * merge_w[s + 2u] + a3 * merge_w[s + 3u];
+            }
+            for (; s < used; ++s) o += actc[base + s * sstep + d] * merge_w[s];
+        } else {
+            for (uint s = 0u; s < used; ++s) {
+                uint b = base + s * sstep;
+                o += actc[b + d] * exp(actc[b + hd] - M);
+            }
         }
-        actc[o_base + d] = o / L;
+        actc[o_base + d] = o * inv;
     }
 }

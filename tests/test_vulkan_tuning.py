@@ -228,6 +228,10 @@ def test_tune_stores_checked_winners_that_the_backend_uses(tiny_q4, tmp_path, mo
     assert used["entries"] == len(entries) and used["used"] == len(entries)
     for e in entries:
         assert e["us"] < e["default_us"] and e["driver"] == str(ev.backend.dev.features.driver_version)
+        # the decode step's shapes are timed in whole steps (the default objective), the others alone
+        assert e["objective"] == (
+            "step" if e["key"].startswith("matvec/") and e["key"].endswith("/t1") else "op"
+        )
 
 
 def test_tuner_rejects_a_candidate_whose_output_is_wrong(tiny_q4):
@@ -240,6 +244,37 @@ def test_tuner_rejects_a_candidate_whose_output_is_wrong(tiny_q4):
     assert tuner.measure(key, call, None, (x, res, rows, want, tol)) > 0
     with pytest.raises(ValueError, match="differs from numpy"):
         tuner.measure(key, call, None, (x, res, rows, want + 10 * tol + 1, tol))
+
+
+def test_step_objective_times_checked_candidates_in_whole_decode_steps(tiny_q4):
+    """The step objective: a one-token matvec shape's candidate is checked against numpy first (a wrong one
+    is refused before any step runs), then timed as whole decode steps with it in force (the step's program
+    is rebuilt with its parameters), the sequence truncated back to the same context for every candidate."""
+    from workbench.backends.vulkan.autotune import Tuner
+
+    ev = vulkan_engine(tiny_q4, tune="tuned=0")
+    tuner = Tuner(ev.backend, log=lambda s: None, objective="step", engine=ev, depth=6)
+    key, call = next(
+        (k, c) for k, c in tuner.shapes(9).items() if k.startswith("matvec/") and k.endswith("/t1")
+    )
+    assert tuner.in_step(key, call) and not tuner.in_step(key, {**call, "tokens": 2})
+    check = tuner.check_data(key, call)
+    x, res, rows, want, tol = check
+    with pytest.raises(ValueError, match="differs from numpy"):
+        tuner.cost(key, call, None, (x, res, rows, want + 10 * tol + 1, tol))
+    assert tuner.clock is None  # refused before a step ran
+    assert tuner.cost(key, call, None, check) > 0 and ev.backend.trial_params == {}
+    params = {"wg": 64, "row_threads": 8, "rows": 2}
+    assert tuner.cost(key, call, params, check) > 0
+    assert ev.backend.trial_params == {key: params}
+    assert tuner.clock.seq.cache.length == 6 and len(tuner.clock.seq.tokens) == 6
+    specs = [dict(d.spec) for p in ev.backend.programs.values() for d in p.dispatches if d.kernel == "matvec"]
+    assert any(s[0] == 64 and s[1] == 8 and s[4] == 2 for s in specs)
+    with pytest.raises(ValueError, match="objective"):
+        Tuner(ev.backend, objective="steps")
+    with pytest.raises(ValueError, match="engine"):
+        Tuner(ev.backend, objective="step")
+    ev.close()
 
 
 def test_database_entries_of_another_driver_or_invalid_are_reported_not_applied(
@@ -291,6 +326,7 @@ def test_tune_takes_only_the_kernels_asked(tiny_q4, tmp_path, monkeypatch, capsy
     assert all(s["key"].startswith("matmul_coop/") for s in out["shapes"])
     if not out["shapes"]:
         assert "no matmul_coop shapes: fp32 tiled GEMM" in cap.err
-    assert main([*args, "--kernels", "matvec"]) == 0
+    assert main([*args, "--kernels", "matvec", "--objective", "op"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["shapes"] and all(s["key"].startswith("matvec/") for s in out["shapes"])
+    assert out["objective"] == "op" and all(s["objective"] == "op" for s in out["shapes"])

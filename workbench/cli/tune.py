@@ -27,6 +27,13 @@ def add_parser(sub) -> None:
         default="matvec,matmul_coop",
         help="kernels to tune, comma-separated: matvec (decode), matmul_coop (prefill GEMM); default both",
     )
+    p.add_argument(
+        "--objective",
+        choices=("step", "op"),
+        default="step",
+        help="how decode (matvec) shapes are timed: step = the device time of whole one-token decode steps at "
+        "a context of --prompt-tokens, the candidate in force (default); op = the projection alone, repeated",
+    )
     p.add_argument("--db", default=None, help="tuning database (default $WORKBENCH_TUNING_DB or the cache)")
     p.add_argument("--tune", default=None, help="backend tunables name=value,... applied while tuning")
     add_device_arg(p)
@@ -58,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     backend = engine.backend
     db = TuningDB.load(Path(args.db) if args.db else None)
     log = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    tuner = Tuner(backend, beam=args.beam, budget_s=args.budget, log=log)
+    tuner = Tuner(
+        backend, beam=args.beam, budget_s=args.budget, log=log, objective=args.objective, engine=engine
+    )
     results = tuner.run(args.prompt_tokens, db, kernels)
     if not results and "matmul_coop" in kernels and backend.gemm_kernel != "matmul_coop":
         print(f"tune: no matmul_coop shapes: {backend.gemm_note}", file=sys.stderr)
@@ -67,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         "device": backend.device.name,
         "driver": str(backend.dev.features.driver_version),
         "db": str(db.path),
+        "objective": args.objective,
         "shapes": [r.to_dict() for r in results],
         "stored": sum(1 for r in results if r.best != r.default and r.best_s < r.default_s),
     }

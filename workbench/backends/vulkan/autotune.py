@@ -1,16 +1,21 @@
 """On-device search of per-shape kernel parameters (``workbench tune``), in the spirit of tinygrad's BEAM.
 
 For every projection shape of a model's decode step (matvec) and prefill step (cooperative-matrix GEMM),
-the tuner builds a one-op program (the projection repeated ``REPEATS`` times on random inputs), checks each
-candidate's output against numpy on sampled rows *before* timing it, and times the survivors with device
-timestamps. The search starts from the defaults and, round by round, tries every one-parameter move of the
-best few (the beam) until no move wins or the time budget is spent. Winners beating the default go to the
-tuning database (:mod:`.tuned`), which the backend then applies to those shapes. Figures are device time
+the tuner checks each candidate's output against numpy on sampled rows of a one-op program (the projection
+on random inputs) *before* timing it, then times the survivors with device timestamps. The decode step's
+shapes are timed where they run (the ``step`` objective): the device time of whole one-token decode steps
+with the candidate in force, so that what the step pays for is what is measured (weights streamed from
+memory rather than from the L2, the dispatch's share of the step's ramps and barriers); the others, and
+every shape under ``objective="op"``, by the one-op program (the projection repeated ``REPEATS`` times).
+The search starts from the defaults and, round by round, tries every one-parameter move of the best few
+(the beam) until no move wins or the time budget is spent. Winners beating the default go to the tuning
+database (:mod:`.tuned`), which the backend then applies to those shapes. Figures are device time
 (measured), never estimates. See docs/backend-vulkan.md#the-autotuner.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +34,7 @@ KERNELS = ("matvec", "matmul_coop")  # the kernels with per-shape parameters
 REPEATS = 16  # the projection's dispatches per timed program (its quantize pass runs once)
 SAMPLE_ROWS = 256  # rows of the output checked against numpy
 WARM_S = 0.1  # seconds of runs before a candidate's timed runs
+OBJECTIVES = ("step", "op")
 CHOICES = {
     "wg": (32, 64, 128, 256, 512, 1024),
     "row_threads": (1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -50,13 +56,15 @@ class ShapeResult:
     tried: int
     rejected: int  # candidates that failed the numpy check or could not be built
     weight_bytes: int
+    objective: str = "op"  # op: seconds of one projection; step: seconds of a whole decode step
 
     @property
     def speedup(self) -> float:
         return self.default_s / self.best_s if self.best_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        gbs = lambda s: round(self.weight_bytes / s / 1e9, 1) if s else None  # noqa: E731
+        op = self.objective == "op"
+        gbs = lambda s: round(self.weight_bytes / s / 1e9, 1) if s and op else None  # noqa: E731
         return {
             "key": self.key,
             "default": self.default,
@@ -68,8 +76,45 @@ class ShapeResult:
             "best_weight_gb_s": gbs(self.best_s),
             "tried": self.tried,
             "rejected": self.rejected,
-            "timing": "measured (device timestamps)",
+            "objective": self.objective,
+            "timing": "measured (device timestamps)"
+            + ("" if op else ": a whole one-token decode step's device time, not the projection's"),
         }
+
+
+@dataclass
+class StepClock:
+    """Device seconds of a one-token decode step at a context of ``depth`` tokens, with some shapes'
+    parameters forced: the median of ``steps`` steps after ``warm`` (the first builds the step's program),
+    the sequence truncated back to ``depth`` after each measurement so that every candidate sees the same
+    context."""
+
+    engine: Any  # workbench.Engine on the vulkan backend
+    depth: int
+    warm: int = 3
+    steps: int = 9
+
+    def __post_init__(self) -> None:
+        vocab = self.engine.model.config.vocab_size
+        self.seq = self.engine.new_sequence(max_len=self.depth + self.warm + self.steps + 8)
+        self.engine.forward(self.seq, [(977 * i + 13) % vocab for i in range(self.depth)])
+
+    def seconds(self, params: dict[str, dict[str, int]]) -> float:
+        b, vocab = self.engine.backend, self.engine.model.config.vocab_size
+        b.try_params(params)
+        times = []
+        try:
+            for i in range(self.warm + self.steps):
+                self.engine.forward(self.seq, [(500 + 31 * i) % vocab])
+                t = b.device_step_seconds()
+                if t is None:
+                    raise RuntimeError("this device gives no timestamps for a step: use objective 'op'")
+                if i >= self.warm:
+                    times.append(t)
+        finally:
+            self.seq.cache.truncate(self.depth)
+            del self.seq.tokens[self.depth :]
+        return float(statistics.median(times))
 
 
 @dataclass
@@ -81,6 +126,18 @@ class Tuner:
     budget_s: float = 600.0
     log: Callable[[str], None] = print
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    # "step": one-token matvec shapes timed in whole decode steps (needs ``engine``); "op": every shape alone
+    objective: str = "op"
+    engine: Any = None  # the Engine of ``backend`` (the step objective's decode steps)
+    depth: int = 512  # context of the step objective's decode steps (run() sets the prompt length)
+    won: dict[str, dict[str, int]] = field(default_factory=dict)  # step winners so far, kept in force
+    clock: StepClock | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"tune: objective {self.objective!r}: choose from {', '.join(OBJECTIVES)}")
+        if self.objective == "step" and self.engine is None:
+            raise ValueError("tune: the step objective needs the backend's engine")
 
     def shapes(self, prompt_tokens: int) -> dict[str, dict[str, Any]]:
         """Every projection shape of the decode step (1 token) and of a prefill of ``prompt_tokens``."""
@@ -146,8 +203,11 @@ class Tuner:
             y = ref.gelu_mul(y, ref.matmul(xin, _rows(m.weights[call["up"]], rows)))
         return y
 
-    def measure(self, key: str, call: dict[str, Any], params: dict[str, int] | None, check: tuple) -> float:
-        """Device seconds of one projection with ``params``; raises ValueError when its output is wrong."""
+    def measure(
+        self, key: str, call: dict[str, Any], params: dict[str, int] | None, check: tuple, timed: bool = True
+    ) -> float:
+        """Device seconds of one projection with ``params`` (0.0 untimed: the check alone); raises
+        ValueError when its output is wrong."""
         x, res, rows, want, tol = check
         prog, offsets, _ = self.program(key, call, params)
         try:
@@ -163,6 +223,8 @@ class Tuner:
             err = float(np.abs(got - want).max())
             if not np.isfinite(err) or err > tol:
                 raise ValueError(f"output differs from numpy by {err:.3g} (tolerance {tol:.3g})")
+            if not timed:
+                return 0.0
             # keep the device busy for WARM_S first: clocks rise only under sustained load, and a candidate
             # timed from idle reads several times slower than in a model's steps
             end = time.monotonic() + WARM_S
@@ -189,12 +251,27 @@ class Tuner:
         rel = 3e-2 if low_precision else 1e-3
         return x, res, rows, want, rel * float(np.abs(want).max()) + 1e-5
 
+    def in_step(self, key: str, call: dict[str, Any]) -> bool:
+        """Whether ``key`` is timed in whole decode steps: the step objective and a one-token matvec."""
+        return self.objective == "step" and key.startswith("matvec/") and call["tokens"] == 1
+
+    def cost(self, key: str, call: dict[str, Any], params: dict[str, int] | None, check: tuple) -> float:
+        """Seconds that rank ``params`` (None: the defaults) for ``key``: the projection's own, or (the step
+        objective) the decode step's with them in force beside the winners found so far, checked first."""
+        if not self.in_step(key, call):
+            return self.measure(key, call, params, check)
+        self.measure(key, call, params, check, timed=False)
+        if self.clock is None:
+            self.clock = StepClock(self.engine, self.depth)
+        trial = {k: v for k, v in self.won.items() if k != key}
+        return self.clock.seconds(trial | ({key: params} if params is not None else {}))
+
     # -- the search -------------------------------------------------------------------------------
     def tune_shape(self, key: str, call: dict[str, Any], deadline: float) -> ShapeResult:
         kernel = key.split("/", 1)[0]
         default = self.defaults(key, call)
         check = self.check_data(key, call)
-        default_s = self.measure(key, call, None, check)
+        default_s = self.cost(key, call, None, check)
         seen = {_frozen(default): default_s}
         beam = [(default_s, default)]
         rejected = 0
@@ -208,7 +285,7 @@ class Tuner:
                     if time.monotonic() >= deadline:
                         break
                     try:
-                        seen[fz] = self.measure(key, call, cand, check)
+                        seen[fz] = self.cost(key, call, cand, check)
                     except (ValueError, UnsupportedOpError, RuntimeError) as e:
                         seen[fz] = float("inf")
                         rejected += 1
@@ -222,7 +299,10 @@ class Tuner:
         best_s, best = beam[0]
         w = self.backend.weight(call["wname"])
         nbytes = w.nbytes * (2 if call.get("up") else 1)
-        return ShapeResult(key, default, default_s, best, best_s, len(seen), rejected, nbytes)
+        objective = "step" if self.in_step(key, call) else "op"
+        if objective == "step" and best != default and best_s < default_s:
+            self.won[key] = best
+        return ShapeResult(key, default, default_s, best, best_s, len(seen), rejected, nbytes, objective)
 
     def defaults(self, key: str, call: dict[str, Any]) -> dict[str, int]:
         """The parameters the backend uses for this shape without a database entry."""
@@ -247,6 +327,7 @@ class Tuner:
         self.log(
             f"tune: {len(shapes)} shapes on {self.backend.dev.features.name}, budget {self.budget_s:.0f} s"
         )
+        self.depth = prompt_tokens
         results = []
         for i, (key, call) in enumerate(shapes.items()):
             left = self.budget_s - (time.monotonic() - start)
@@ -258,9 +339,11 @@ class Tuner:
             results.append(r)
             self.log(
                 f"[{i + 1}/{len(shapes)}] {key}: {r.default_s * 1e6:.1f} -> {r.best_s * 1e6:.1f} us "
-                f"({r.speedup:.2f}x, {r.tried} tried) {r.best}"
+                f"{'a decode step ' if r.objective == 'step' else ''}({r.speedup:.2f}x, {r.tried} tried) {r.best}"
             )
             self.store(db, r)
+        if self.engine is not None:
+            self.backend.try_params({})
         return results
 
     def store(self, db: TuningDB, r: ShapeResult) -> None:
@@ -268,7 +351,8 @@ class Tuner:
         another kernel version say, must not stay); saved at once, so an interrupted tune keeps what it found."""
         if r.best != r.default and r.best_s < r.default_s:
             db.put(self.backend.dev.features, r.key, r.best,
-                   {"us": round(r.best_s * 1e6, 3), "default_us": round(r.default_s * 1e6, 3)})  # fmt: skip
+                   {"us": round(r.best_s * 1e6, 3), "default_us": round(r.default_s * 1e6, 3),
+                    "objective": r.objective})  # fmt: skip
         else:
             db.remove(self.backend.dev.features, r.key)
         db.save()

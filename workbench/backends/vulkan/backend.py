@@ -100,6 +100,8 @@ class VulkanBackend(Backend):
             self.tunable("subgroup_size", 0),  # 0: the driver's; else required of every pipeline
         )
         self.programs: OrderedDict[tuple, Recorded] = OrderedDict()
+        # per-shape parameters that win over the tuning database (the autotuner's step objective)
+        self.trial_params: dict[str, dict[str, int]] = {}
         self._graphs: dict[tuple, Graph] = {}
         self._weights: dict[str, DeviceWeight] = {}
         self.smalls: Buffer | None = None
@@ -372,7 +374,7 @@ class VulkanBackend(Backend):
         if prog is not None:
             self.programs.move_to_end(key)
             return prog
-        builder = Builder(self, graph, seqs, greedy)
+        builder = Builder(self, graph, seqs, greedy, forced=dict(self.trial_params))
         dispatches, offsets, total = builder.build()
         logits = graph.outputs[0]
         region = None if greedy else (offsets[logits], int(np.prod(graph.tensors[logits].shape)))
@@ -435,10 +437,22 @@ class VulkanBackend(Backend):
         """Argmax of every logits row on the device: only the token ids come back."""
         return self._execute(graph, step, observer, greedy=True).tokens(graph.n_logits)
 
-    def close(self) -> None:
+    def try_params(self, params: dict[str, dict[str, int]]) -> None:
+        """Per-shape parameters that win over the tuning database in the programs built from now on (the
+        autotuner's candidates, timed in whole steps); the recorded programs are dropped when they change."""
+        if params != self.trial_params:
+            self.trial_params = {k: dict(v) for k, v in params.items()}
+            self.drop_programs()
+
+    def drop_programs(self) -> None:
+        """Destroy every recorded step program (the next step records its own)."""
         for p in self.programs.values():
             p.destroy()
         self.programs.clear()
+        self._last_untimed = None
+
+    def close(self) -> None:
+        self.drop_programs()
         for w in self._weights.values():
             for part in w.parts:
                 part.buffer.destroy()
