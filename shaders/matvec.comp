@@ -18,6 +18,9 @@
 // every token loads none of its weights (gelu(0) = 0). GATE_MUL (the PLE gate): y = gelu(W x) * m with m at
 // r_off/r_stride (the layer's per-layer inputs). SKIP_ZERO (the down projection): an 8-column chunk of x
 // that is zero for every token loads none of its weights.
+// QUANT_ROWS (one token, Q8_ACT): the workgroup's rows, a multiple of 32 consecutive ones (the builder checks),
+// are also written as int8 blocks at q_out_off (q8_block.glsl), the input of the integer matvec that reads y
+// next, which then needs no quant_act dispatch and barrier of its own (docs/backend-vulkan.md#batched-decode).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -58,6 +61,9 @@ layout(binding = 1) coherent buffer ArenaC4 { vec4 actc4[]; };
 #endif
 #if (defined(SPARSE_UP) || defined(GATE_MUL)) && defined(POST_NORM_ADD)
 #error "SPARSE_UP and GATE_MUL read at r_off, which POST_NORM_ADD uses"
+#endif
+#if defined(QUANT_ROWS) && (!defined(Q8_ACT) || defined(POST_NORM_ADD))
+#error "QUANT_ROWS quantizes the rows of a one-token integer matvec without a post-norm tail"
 #endif
 #if defined(SKIP_ZERO) && defined(Q8_ACT)
 #error "SKIP_ZERO tests float chunks of x"
@@ -115,6 +121,9 @@ layout(push_constant) uniform PC {
 
 shared float red[WG];
 shared float inv_rms[MAX_T];
+#ifdef QUANT_ROWS
+shared float qrows[ROWS * RB];  // the workgroup's outputs, for their int8 blocks
+#endif
 shared bool last_wg;
 
 #ifdef TAIL_REGS
@@ -452,8 +461,22 @@ void main() {
             float s = row_output(acc[j][t], s2, t);
             if (lane == 0u) s = stored(s, t, row);
             if (lane == 0u && row < pc.N) Y_STORE[pc.y_off + t * pc.y_stride + pc.row0 + row] = s;
+#ifdef QUANT_ROWS
+            if (lane == 0u) qrows[j * ROWS + r_local] = row < pc.N ? s : 0.0;
+#endif
         }
     }
+#ifdef QUANT_ROWS
+    barrier();
+    {
+        uint nblk = ROWS * RB / 32u, blk = flat_group() * nblk + tid, qb = pc.q_out_off / 4u;
+        if (tid < nblk && 32u * blk < pc.N) {
+            float v[32];
+            [[unroll]] for (uint i = 0u; i < 32u; ++i) v[i] = qrows[32u * tid + i];
+            store_q8_block(v, qb, qb + pc.N / 16u, blk);
+        }
+    }
+#endif
 #ifdef POST_NORM_ADD
     memoryBarrierBuffer();
     barrier();

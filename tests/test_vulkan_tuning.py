@@ -153,6 +153,40 @@ def test_post_norm_tail_writes_the_next_int8_input(wide_models):
         assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
 
 
+@pytest.mark.parametrize("quant", ["q4_k_m", "q8_0"])
+def test_gate_up_rows_write_the_down_projections_int8_input(wide_models, quant):
+    """QUANT_ROWS: a one-token gate/up matvec whose workgroups hold whole 32-row blocks (32 rows of one row
+    group, or 8 rows x 4 row blocks) quantizes its own output for ffn_down, so that one quant_act a layer is
+    spared; 16 rows a workgroup keeps the dispatch. The logits equal those of the separate pass."""
+    from workbench.backends.vulkan.autotune import Tuner
+
+    model = wide_models[quant]
+    n = model.config.n_layers
+    ev = vulkan_engine(model, tune="matvec.q8=1,tuned=0")
+    key = next(
+        k for k in Tuner(ev.backend, log=lambda s: None).shapes(9) if "gelu_pair" in k and k.endswith("/t1")
+    )
+    runs = {}
+    for params in ({"wg": 128, "row_threads": 8, "rows": 1}, {"wg": 256, "row_threads": 8, "rows": 1},
+                   {"wg": 64, "row_threads": 8, "rows": 4}):  # fmt: skip
+        ev.backend.try_params({key: params})
+        seq = ev.new_sequence()
+        ev.forward(seq, TOKENS[:5])
+        runs[params["wg"]] = [ev.forward(seq, [t]) for t in (11, 48, 85)]
+        prog = next(p for k, p in ev.backend.programs.items() if k[1][0][2] == 1)
+        fused = [d for d in prog.dispatches if "QUANT_ROWS" in d.defines]
+        quants = [
+            d
+            for d in prog.dispatches
+            if d.kernel == "quant_act" and d.op.endswith("ffn_down+matmul_rmsnorm_add")
+        ]
+        assert (len(fused), len(quants)) == ((0, n) if params["wg"] == 128 else (n, 0))
+    for wg in (256, 64):
+        for a, b in zip(runs[128], runs[wg]):
+            assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    ev.close()
+
+
 # 64- and 32-column units (the loop is the same for every format)
 @pytest.mark.parametrize("quant", ["q6_k", "q4_k_m"])
 def test_integer_matvec_units_ahead_keep_the_bits(wide_models, quant):

@@ -35,6 +35,15 @@ REPEATS = 16  # the projection's dispatches per timed program (its quantize pass
 SAMPLE_ROWS = 256  # rows of the output checked against numpy
 WARM_S = 0.1  # seconds of runs before a candidate's timed runs
 OBJECTIVES = ("step", "op")
+# step objective: matvec starting points besides the default, each with 32 rows a workgroup (whole int8 blocks
+# of a gate/up output: QUANT_ROWS spares the next quant_act, which only whole steps show), which one-parameter
+# moves from a few rows a workgroup would reach only through worse candidates
+STEP_SEEDS = (
+    {"wg": 1024, "row_threads": 32, "rows": 1},
+    {"wg": 512, "row_threads": 16, "rows": 1},
+    {"wg": 256, "row_threads": 8, "rows": 1},
+    {"wg": 512, "row_threads": 32, "rows": 2},
+)
 CHOICES = {
     "wg": (32, 64, 128, 256, 512, 1024),
     "row_threads": (1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -275,6 +284,24 @@ class Tuner:
         seen = {_frozen(default): default_s}
         beam = [(default_s, default)]
         rejected = 0
+        stored = [self.won[key]] if key in self.won else []
+        seeds = [*STEP_SEEDS, *stored] if self.in_step(key, call) else []
+        for cand in seeds:
+            fz = _frozen(cand)
+            if (
+                fz in seen
+                or param_errors(kernel, cand, self.backend.dev.features)
+                or time.monotonic() >= deadline
+            ):
+                continue
+            try:
+                seen[fz] = self.cost(key, call, cand, check)
+            except (ValueError, UnsupportedOpError, RuntimeError) as e:
+                seen[fz] = float("inf")
+                rejected += 1
+                self.log(f"  rejected {cand}: {e}")
+                continue
+            beam = sorted([*beam, (seen[fz], cand)], key=lambda p: p[0])[: self.beam]
         while time.monotonic() < deadline:
             improved = False
             for _, params in list(beam):
@@ -302,6 +329,8 @@ class Tuner:
         objective = "step" if self.in_step(key, call) else "op"
         if objective == "step" and best != default and best_s < default_s:
             self.won[key] = best
+        else:
+            self.won.pop(key, None)
         return ShapeResult(key, default, default_s, best, best_s, len(seen), rejected, nbytes, objective)
 
     def defaults(self, key: str, call: dict[str, Any]) -> dict[str, int]:
@@ -328,6 +357,9 @@ class Tuner:
             f"tune: {len(shapes)} shapes on {self.backend.dev.features.name}, budget {self.budget_s:.0f} s"
         )
         self.depth = prompt_tokens
+        if self.objective == "step":  # each shape is timed with the others at their stored winners
+            stored = db.for_device(self.backend.dev.features).params
+            self.won = {k: dict(v) for k, v in stored.items() if k in shapes and self.in_step(k, shapes[k])}
         results = []
         for i, (key, call) in enumerate(shapes.items()):
             left = self.budget_s - (time.monotonic() - start)

@@ -534,6 +534,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for v in (
                     (),
                     ("GELU_PAIR",),
+                    ("GELU_PAIR", "QUANT_ROWS"),
                     ("POST_NORM_ADD",),
                     ("POST_NORM_ADD", "QUANT_OUT"),
                     ("POST_NORM_ADD", "TAIL_REGS"),

@@ -239,6 +239,23 @@ class Builder:
             if tuned:  # found on this device by `workbench tune`
                 wg, rt, rb = tuned["wg"], tuned["row_threads"], tuned["rows"]
             gx, gy = split_groups(-(-part.rows // (wg // rt * rb)))
+            # a one-token gate/up pair whose workgroups hold whole 32-row blocks writes the int8 input of the
+            # projection that reads its output (QUANT_ROWS: no quant_act dispatch and barrier of its own)
+            quant_rows = (
+                q8
+                and t == 1
+                and w2 is not None
+                and not (post or gate or ple)
+                and len(w.parts) == 1
+                and (wg // rt * rb) % 32 == 0
+                and w.rows % 32 == 0
+                and b.tuning["matvec.quant_out"]
+                and self.plain_q8_reader(y)
+            )
+            if quant_rows:
+                q_out = self.tmp(f"{y}:q8", t, w.rows // 4 + w.rows // 8)
+                push["q_out_off"] = Ref(q_out)
+                defines.append("QUANT_ROWS")
             reads, writes = ([x, res], [y, out, counter, ms_out]) if post else ([x], [y])
             reads += [ms_in] if ms_in else []
             reads += [gate] if gate else []
@@ -248,8 +265,10 @@ class Builder:
             spec += [(5, b.tuning["matvec.q8_ahead"])] if q8 else []
             self.add(op, "matvec", push, (gx, gy, 1), reads, writes, defines, spec,
                      weight=part.buffer, weight2=w2.parts[i].buffer if w2 else None)  # fmt: skip
-        if q_out:
+        if q_out and post:
             self.q8_inputs[(out, q_norm[0])] = q_out
+        elif q_out:
+            self.q8_inputs[(y, None)] = q_out
 
     def integer_path(self, w, w2, k: int) -> bool:
         """Whether a decode projection runs on int8 activations (``matvec.q8``): its format has an integer
