@@ -12,10 +12,21 @@
 // Cache slots: position p lives in slot p (global layers) or p % ring (sliding layers) of the cache of the
 // query's sequence (p_seq: a dispatch may serve several sequences of equal cache shape, one per grid z row).
 // KV_F16: the cache holds float16 keys and values (converted on load; scores and sums stay float32).
+// QUANT_OUT (with FUSED_COMBINE): the merging workgroup also writes its heads' output as int8 blocks at q8_off
+// (q8_block.glsl), the input of the integer matvec that reads it next (as attn_combine.comp's QUANT_OUT).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
+#if defined(QUANT_OUT) && !defined(FUSED_COMBINE)
+#error "QUANT_OUT quantizes the merged output of FUSED_COMBINE"
+#endif
+#ifdef QUANT_OUT
+#define QUANT_ACT
+#endif
 #include "common.glsl"
 #include "attn_merge.glsl"
+#ifdef QUANT_OUT
+#include "q8_block.glsl"
+#endif
 layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 
 layout(local_size_x_id = 0) in;
@@ -43,6 +54,7 @@ layout(push_constant) uniform PC {
     float scale;
     uint cnt_off;
     uint t0;  // first token row of this dispatch's sequences; t below is the row within the dispatch
+    uint q8_off, q8_stride;  // QUANT_OUT: the int8 blocks (n_heads * hd codes, then a vec4 a block) per token row
 } pc;
 
 shared float sc[G * SK];      // scores, then probabilities, of the tile
@@ -190,5 +202,16 @@ void main() {
         uint h = kvh * G + g;
         merge_head(pc.part_off, pc.n_split, pc.n_heads, HD, t, h, used, pc.o_off + tg * pc.o_stride + h * HD, tid, WG);
     }
+#ifdef QUANT_OUT
+    memoryBarrierBuffer();
+    barrier();  // the heads' outputs, written by every thread of the workgroup
+    uint q8b = (pc.q8_off + tg * pc.q8_stride) / 4u, q8k = pc.n_heads * HD;
+    for (uint b = tid; b < G * (HD / 32u); b += WG) {
+        uint o = pc.o_off + tg * pc.o_stride + kvh * G * HD + 32u * b;
+        float v[32];
+        [[unroll]] for (uint i = 0u; i < 32u; ++i) v[i] = actc[o + i];
+        store_q8_block(v, q8b, q8b + q8k / 16u, kvh * G * (HD / 32u) + b);
+    }
+#endif
 #endif
 }

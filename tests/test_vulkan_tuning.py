@@ -153,6 +153,24 @@ def test_post_norm_tail_writes_the_next_int8_input(wide_models):
         assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
 
 
+def test_fused_merge_writes_the_attention_outputs_int8_blocks(wide_models):
+    """QUANT_OUT of attention.comp: with attention.fused_combine=1 the last split of each KV head merges and
+    quantizes its heads' outputs for attn_output, as the separate merge does (the same quant_act dispatches
+    remain); the logits equal the separate merge's."""
+    model = wide_models["q4_k_m"]
+    runs, quants = {}, {}
+    for fused in (0, 1):
+        runs[fused], prog, _ = decode_steps(model, f"matvec.q8=1,attention.fused_combine={fused}")
+        merging = [d for d in prog.dispatches if d.kernel == ("attention" if fused else "attn_combine")]
+        merging = [d for d in merging if not fused or "FUSED_COMBINE" in d.defines]
+        assert merging and all("QUANT_OUT" in d.defines for d in merging)
+        assert fused or not any(d.kernel == "attention" and "QUANT_OUT" in d.defines for d in prog.dispatches)
+        quants[fused] = sum(d.kernel == "quant_act" for d in prog.dispatches)
+    assert quants[0] == quants[1]
+    for a, b in zip(runs[0], runs[1]):
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+
+
 @pytest.mark.parametrize("quant", ["q4_k_m", "q8_0"])
 def test_gate_up_rows_write_the_down_projections_int8_input(wide_models, quant):
     """QUANT_ROWS: a one-token gate/up matvec whose workgroups hold whole 32-row blocks (32 rows of one row

@@ -111,6 +111,8 @@ KERNELS: dict[str, KernelSpec] = {
             "scale:f",
             "cnt_off",
             "t0",
+            "q8_off",
+            "q8_stride",
         ),
         (("wg", 0), ("tile", 4)),
     ),
@@ -546,6 +548,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
         out += [("matmul", f), ("matmul_coop", f), ("matmul_coop", (*f, "X_F16")), ("embed", f)]
     for kv in ((), ("KV_F16",)):  # the cache's float32 and float16 (kv.fp16) variants
         out += [("attention", kv), ("attention", ("FUSED_COMBINE", *kv)), ("kv_store", kv)]
+        out += [("attention", ("FUSED_COMBINE", "QUANT_OUT", *kv))]
         out += [("rmsnorm", ("ROPE", "KV_OUT", *x, *kv)) for x in ((), ("NO_NORM",), ("V_NORM",))]
     out += [("attn_combine", ()), ("attn_combine", ("QUANT_OUT",)), ("rmsnorm", ()), ("rmsnorm", ("ADD",))]
     out += [("rmsnorm", ("ROPE", *x)) for x in ((), ("NO_NORM",))]

@@ -512,30 +512,38 @@ class Builder:
         counters = self.tmp(f"{op.name}:counters{suffix}", 1, t * nkv) if fused_combine else None
         if counters:
             self.pinned.add(counters)
+        # the merge (either kind) also writes the int8 blocks of the attention output where the projection
+        # reading it takes them (no quant_act dispatch and barrier of its own; blocks of 32 lie within a head)
+        # (one group only: with several, a group that does not split would leave its rows unquantized)
+        quant = (
+            part is not None
+            and not tag
+            and hd % 32 == 0
+            and self.rows(out) <= b.tuning["matvec.max_tokens"]
+            and b.tuning["matvec.quant_out"]
+            and self.plain_q8_reader(out)
+        )
+        q8_stride = nh * hd // 4 + nh * hd // 8
+        merging = stage == ("attend" if fused_combine else "merge")  # the stage whose dispatch merges
+        q8 = self.tmp(f"{out}:q8", self.rows(out), q8_stride) if quant and merging else None
         push = dict(q_off=Ref(q), q_stride=self.widths[q], o_off=Ref(out), o_stride=self.widths[out], n_heads=nh,
                     n_kv=nkv, hd=hd, kv_dim=kvd, ring=layer.slots, window=window, v_off=layer.v_off,
                     part_off=Ref(part) if part else 0, n_split=n_split, split_keys=sk if n_split > 1 else max_keys,
-                    scale=a["scale"], cnt_off=Ref(counters) if counters else 0, t0=t0)  # fmt: skip
+                    scale=a["scale"], cnt_off=Ref(counters) if counters else 0, t0=t0,
+                    q8_off=Ref(q8) if q8 and fused_combine else 0, q8_stride=q8_stride)  # fmt: skip
         writes = [out + tag] if not part else ([part, out + tag, counters] if fused_combine else [part])
         if stage == "attend":
-            self.add(op, "attention", push, (n_split, nkv, t), [q + tag, *kvres, "params"], writes,
-                 (["FUSED_COMBINE"] if fused_combine else []) + list(layer.defines),
+            fused_q8 = q8 is not None and fused_combine
+            self.add(op, "attention", push, (n_split, nkv, t), [q + tag, *kvres, "params"],
+                 writes + ([q8] if fused_q8 else []),
+                 (["FUSED_COMBINE"] if fused_combine else []) + (["QUANT_OUT"] if fused_q8 else []) + list(layer.defines),
                  spec=[(1, nh // nkv), (2, hd), (3, b.dev.features.subgroup_size), (5, multi)], kv=caches)  # fmt: skip
+            if fused_q8:
+                self.q8_inputs[(out, None)] = q8
         elif stage == "merge" and part and not fused_combine:
-            # the merge also writes the int8 blocks of the attention output where the projection reading it
-            # takes them (no quant_act dispatch and barrier of its own; blocks of 32 lie within a head)
-            # (one group only: with several, a group that does not split would leave its rows unquantized)
-            quant = (
-                not tag
-                and hd % 32 == 0
-                and self.rows(out) <= b.tuning["matvec.max_tokens"]
-                and b.tuning["matvec.quant_out"]
-                and self.plain_q8_reader(out)
-            )
-            q8 = self.tmp(f"{out}:q8", self.rows(out), nh * hd // 4 + nh * hd // 8) if quant else None
             push = dict(o_off=Ref(out), o_stride=self.widths[out], part_off=Ref(part), n_heads=nh, hd=hd,
                         n_split=n_split, window=window, split_keys=sk, t0=t0, q_off=Ref(q8) if q8 else 0,
-                        q_stride=nh * hd // 4 + nh * hd // 8)  # fmt: skip
+                        q_stride=q8_stride)  # fmt: skip
             self.add(op, "attn_combine", push, (nh, t, 1), [part, "params"], [out + tag] + ([q8] if q8 else []),
                      ["QUANT_OUT"] if q8 else [])  # fmt: skip
             if q8:
