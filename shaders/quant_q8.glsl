@@ -5,7 +5,8 @@
 // Each weight format is read in *units*: the columns one lane multiplies per iteration, chosen so that
 // every byte loaded is used (16-byte loads of the planar layout of quant.glsl / weights.py):
 //   Q8_0 32 columns (one block), Q5_0 32 (one block), Q4_K 32 (16 bytes: columns l0..l0+15 of a
-//   sub-block pair, low nibbles, and the same of the odd sub-block, high nibbles), Q6_K 64 (16 columns of
+//   sub-block pair, low nibbles, and the same of the odd sub-block, high nibbles; with Q4K_WIDE 64: all 32
+//   bytes of the pair, so that each block meta loaded serves twice the weight bytes), Q6_K 64 (16 columns of
 //   each of four 32-column quarters of a 128-column half), I8 32, I4 32 (16 columns of each nibble half of a
 //   group).
 // A unit is decoded once (UNITW_LOAD) into packed signed bytes and float scales, then dotted with each
@@ -24,7 +25,7 @@
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
 int sdot4x8(uint a, uint b, spirv_literal int packed_format);
 
-#if defined(FMT_Q6_K)
+#if defined(FMT_Q6_K) || (defined(FMT_Q4_K) && defined(Q4K_WIDE))
 #define UNIT_COLS 64u
 #define UNIT_WORDS 16
 #define UNIT_SCALES 4
@@ -68,6 +69,17 @@ float unit_dot(UnitW w, uint u, uint qbase4, uint mbase4) {
     int s = dot16(w.q[0], w.q[1], w.q[2], w.q[3], xq16(qbase4, u, 0u));
     s += dot16(w.q[4], w.q[5], w.q[6], w.q[7], xq16(qbase4, u, 1u));
     return w.sc[0] * (m.x * float(s) - w.sc[1] * (m.y + m.z));
+#elif defined(FMT_Q4_K) && defined(Q4K_WIDE)
+    // Q4K_WIDE, unit u: superblock u / 4, sub-block pair p = u % 4, all 32 columns of each sub-block (one
+    // block meta of each serves 32 bytes of weights instead of 16); q[0..3] / q[8..11]: the even sub-block's
+    // columns 0..15 / 16..31 (low nibbles), q[4..7] / q[12..15]: the odd one's (high nibbles); sc as below
+    uint blk = 2u * u;
+    vec4 ma = xmeta(mbase4, blk), mb = xmeta(mbase4, blk + 1u);
+    int ia = dot16(w.q[0], w.q[1], w.q[2], w.q[3], xq16(qbase4, blk, 0u));
+    ia += dot16(w.q[8], w.q[9], w.q[10], w.q[11], xq16(qbase4, blk, 1u));
+    int ib = dot16(w.q[4], w.q[5], w.q[6], w.q[7], xq16(qbase4, blk + 1u, 0u));
+    ib += dot16(w.q[12], w.q[13], w.q[14], w.q[15], xq16(qbase4, blk + 1u, 1u));
+    return w.sc[0] * ma.x * float(ia) - w.sc[1] * (ma.y + ma.z) + w.sc[2] * mb.x * float(ib) - w.sc[3] * (mb.y + mb.z);
 #elif defined(FMT_Q4_K)
     // unit u: superblock u / 8, sub-block pair p = (u / 2) % 4, columns 16 * (u % 2) of each sub-block;
     // q[0..3]: the even sub-block (low nibbles), q[4..7]: the odd one; sc: d*scale and dmin*min of each
@@ -133,6 +145,23 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
     }
     w.sc[0] = half_at(WBUF[pl.z + blk / 2u], blk & 1u);
     w.sc[1] = 16.0; w.sc[2] = 0.0; w.sc[3] = 0.0;
+#elif defined(FMT_Q4_K) && defined(Q4K_WIDE)
+    uint sbs = K / 256u, sb = row * sbs + u / 4u, p = u % 4u;
+    uvec4 n0 = WBUF4[pl.x / 4u + sb * 8u + p * 2u], n1 = WBUF4[pl.x / 4u + sb * 8u + p * 2u + 1u];
+    uint nw[8] = uint[8](n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w);
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+        w.q[i] = nw[i] & 0x0F0F0F0Fu;
+        w.q[4u + i] = (nw[i] >> 4) & 0x0F0F0F0Fu;
+        w.q[8u + i] = nw[4u + i] & 0x0F0F0F0Fu;
+        w.q[12u + i] = (nw[4u + i] >> 4) & 0x0F0F0F0Fu;
+    }
+    uint s0 = WBUF[pl.y + sb * 3u], s1 = WBUF[pl.y + sb * 3u + 1u], s2 = WBUF[pl.y + sb * 3u + 2u];
+    vec2 dm = unpackHalf2x16(WBUF[pl.z + sb]);
+    [[unroll]] for (uint k = 0u; k < 2u; ++k) {
+        uvec2 sm = k4_scale_min(s0, s1, s2, 2u * p + k);
+        w.sc[2u * k] = dm.x * float(sm.x);
+        w.sc[2u * k + 1u] = dm.y * float(sm.y);
+    }
 #elif defined(FMT_Q4_K)
     uint sbs = K / 256u, sb = row * sbs + u / 8u, p = (u / 2u) % 4u, h = u & 1u;
     uvec4 n = WBUF4[pl.x / 4u + sb * 8u + p * 2u + h];

@@ -74,12 +74,15 @@ def wide_models(tmp_path_factory):
             ("q8_0", "q5_0", "q6_k", "q4_k_m")}  # fmt: skip
 
 
-@pytest.mark.parametrize("quant", ["q8_0", "q5_0", "q6_k", "q4_k_m"])
+@pytest.mark.parametrize(
+    ("quant", "wide"), [("q8_0", 0), ("q5_0", 0), ("q6_k", 0), ("q4_k_m", 0), ("q4_k_m", 2)]
+)
 @pytest.mark.parametrize("tokens", [1, 3])
-def test_integer_matvec_is_exact_on_int8_activations(wide_models, quant, tokens):
-    """Every fused variant (plain, input norm, gate/up + GELU, post-norm + residual) of each GGUF format."""
+def test_integer_matvec_is_exact_on_int8_activations(wide_models, quant, wide, tokens):
+    """Every fused variant (plain, input norm, gate/up + GELU, post-norm + residual) of each GGUF format;
+    Q4_K also in 64-column units (matvec.q4k_wide=2: every Q4_K projection)."""
     model = wide_models[quant]
-    ev = vulkan_engine(model, tune="matvec.q8=1")
+    ev = vulkan_engine(model, tune=f"matvec.q8=1,matvec.q4k_wide={wide}")
     calls = [
         {"wname": "blk.0.attn_q.weight"},
         {"wname": "blk.0.attn_k.weight", "norm": "blk.0.attn_norm.weight"},
@@ -151,6 +154,25 @@ def test_post_norm_tail_writes_the_next_int8_input(wide_models):
             assert not tails and not merges and len(quants) == 1 + 4 * n  # and each layer's QKV and gate/up
     for a, b in zip(runs[0], runs[1]):
         assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
+
+
+def test_q4k_wide_units_follow_the_tunable(wide_models):
+    """matvec.q4k_wide: 1 gives the single Q4_K projections 64-column units and leaves the gate/up pairs at 32,
+    2 gives them to every Q4_K projection; the logits equal those of 32-column units."""
+    model = wide_models["q4_k_m"]
+    runs = {}
+    for wide in (0, 1, 2):
+        runs[wide], prog, _ = decode_steps(model, f"matvec.q8=1,matvec.q4k_wide={wide}")
+        q4 = [d for d in prog.dispatches if d.kernel == "matvec" and "FMT_Q4_K" in d.defines]
+        wide_ones = [d for d in q4 if "Q4K_WIDE" in d.defines]
+        pairs = [d for d in q4 if "GELU_PAIR" in d.defines]
+        assert q4 and pairs
+        assert wide_ones == ([] if wide == 0 else [d for d in q4 if wide == 2 or d not in pairs])
+    for wide in (1, 2):
+        for a, b in zip(runs[0], runs[wide]):
+            assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+    with pytest.raises(ValueError, match="q4k_wide"):
+        vulkan_engine(model, tune="matvec.q4k_wide=3")
 
 
 def test_fused_merge_writes_the_attention_outputs_int8_blocks(wide_models):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import signal
 import socket
 import subprocess
 import tempfile
@@ -126,9 +127,16 @@ class LlamaServerRunner:
         t0 = time.monotonic()
         while time.monotonic() - t0 < START_TIMEOUT_S:
             if self.proc.poll() is not None:
+                rc = self.proc.returncode
+                why = ""
+                if (
+                    rc == -signal.SIGILL
+                ):  # e.g. a build with AMX or AVX-512 kernels on a CPU that cannot run them
+                    why = " (SIGILL: this llama.cpp build uses instructions this CPU cannot run)"
+                elif rc < 0:
+                    why = f" ({signal.Signals(-rc).name})" if -rc in signal.valid_signals() else ""
                 raise LlamaBinaryUnavailable(
-                    f"llama-server exited with code {self.proc.returncode} while starting "
-                    f"({' '.join(self.args)}):\n{self.log_tail()}"
+                    f"llama-server exited with code {rc}{why} while starting ({' '.join(self.args)}):\n{self.log_tail()}"
                 )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:

@@ -229,6 +229,10 @@ PROGRAM_TUNABLES = {
     # weight units a thread of the integer matvec loads before it uses any (1 or 2: more bytes in flight)
     "matvec.q8_ahead": 1,
     "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
+    # Q4_K units of the integer matvec: 64 columns (all 32 bytes of a sub-block pair, each activation block
+    # meta loaded serving twice the weight bytes) in 1: single projections, 2: every one (gate/up pairs too);
+    # 0: 32-column units everywhere (docs/backend-vulkan.md#at-the-familys-sizes-and-the-integer-matvec)
+    "matvec.q4k_wide": 0,
     # float16 keys and values in the KV cache (16-bit storage buffers; products stay float32): half the
     # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default: its 16-bit loads are
     # scalar, and it measured slower (docs/backend-vulkan.md#at-the-familys-sizes-and-the-integer-matvec)
@@ -380,7 +384,7 @@ class Tuning:
             elif (
                 val < 1
                 and key not in SWITCHES
-                and key not in ("matvec.row_threads_batch", "matvec.wg_tall", "ffn.down_t")
+                and key not in ("matvec.row_threads_batch", "matvec.wg_tall", "ffn.down_t", "matvec.q4k_wide")
             ):
                 errors.append(f"{key}={val} must be positive")
             if key.endswith((".wg", ".wg_tall")) and (
@@ -434,6 +438,8 @@ class Tuning:
             errors.append("matvec.q8_rows must be 1..8")
         if v["matvec.q8_ahead"] not in (1, 2):
             errors.append(f"matvec.q8_ahead={v['matvec.q8_ahead']} must be 1 or 2")
+        if v["matvec.q4k_wide"] not in (0, 1, 2):
+            errors.append(f"matvec.q4k_wide={v['matvec.q4k_wide']} must be 0, 1 or 2")
         if v["matvec.fp16"] and not f.fp16:
             errors.append("matvec.fp16=1 needs shaderFloat16, which this device lacks")
         if v["kv.fp16"] and not f.storage_16bit:
@@ -531,8 +537,10 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
             ]
             out += [("matvec", (*g, "GATE_MUL"))]
         if f[0].removeprefix("FMT_") in Q8_FORMATS:
+            wide = ((), ("Q4K_WIDE",)) if f[0] == "FMT_Q4_K" else ((),)  # matvec.q4k_wide
             out += [
-                ("matvec", (*f, "Q8_ACT", *v))
+                ("matvec", (*f, "Q8_ACT", *v, *wv))
+                for wv in wide
                 for v in (
                     (),
                     ("GELU_PAIR",),

@@ -211,6 +211,9 @@ class Builder:
             defines += ["GATE_MUL"] if ple else []
             q8 = stride != k
             defines += ["Q8_ACT"] if q8 else ["F16_MATH"] if b.tuning["matvec.fp16"] else []
+            wide = b.tuning["matvec.q4k_wide"]
+            if q8 and w.fmt == "Q4_K" and (wide == 2 or (wide == 1 and w2 is None)):
+                defines.append("Q4K_WIDE")  # 64-column units (quant_q8.glsl)
             tall = w.rows > b.tuning["matvec.norm_rows"]  # the LM head: many rows, fewer threads per row
             if q8 and t == 1:
                 rt, rb = b.tuning["matvec.q8_row_threads"], b.tuning["matvec.q8_rows"]
@@ -227,7 +230,15 @@ class Builder:
                 ["q8" if q8 else "f16" if "F16_MATH" in defines else "f32"]
                 + [
                     v.lower()
-                    for v in ("NORM", "GELU_PAIR", "POST_NORM_ADD", "SPARSE_UP", "SKIP_ZERO", "GATE_MUL")
+                    for v in (
+                        "NORM",
+                        "GELU_PAIR",
+                        "POST_NORM_ADD",
+                        "SPARSE_UP",
+                        "SKIP_ZERO",
+                        "GATE_MUL",
+                        "Q4K_WIDE",
+                    )
                     if v in defines
                 ]
             )
