@@ -231,8 +231,8 @@ PROGRAM_TUNABLES = {
     "matvec.quant_out": 1,  # a post-norm tail writes the next projection's int8 input (no quant_act of its own)
     # Q4_K units of the integer matvec: 64 columns (all 32 bytes of a sub-block pair, each activation block
     # meta loaded serving twice the weight bytes) in 1: single projections, 2: every one (gate/up pairs too);
-    # 0: 32-column units everywhere (docs/backend-vulkan.md#at-the-familys-sizes-and-the-integer-matvec)
-    "matvec.q4k_wide": 0,
+    # 0: 32-column units everywhere. 2 measured fastest (docs/backend-vulkan.md#q4_k-in-64-column-units)
+    "matvec.q4k_wide": 2,
     # float16 keys and values in the KV cache (16-bit storage buffers; products stay float32): half the
     # cache's memory and attention's reads, at fp16 rounding of K and V. Off by default: its 16-bit loads are
     # scalar, and it measured slower (docs/backend-vulkan.md#at-the-familys-sizes-and-the-integer-matvec)
