@@ -145,7 +145,8 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
     }
     w.sc[0] = half_at(WBUF[pl.z + blk / 2u], blk & 1u);
     w.sc[1] = 16.0; w.sc[2] = 0.0; w.sc[3] = 0.0;
-#elif defined(FMT_Q4_K) && defined(Q4K_WIDE)
+#elif defined(FMT_Q4_K)
+#ifdef Q4K_WIDE
     uint sbs = K / 256u, sb = row * sbs + u / 4u, p = u % 4u;
     uvec4 n0 = WBUF4[pl.x / 4u + sb * 8u + p * 2u], n1 = WBUF4[pl.x / 4u + sb * 8u + p * 2u + 1u];
     uint nw[8] = uint[8](n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w);
@@ -155,14 +156,7 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
         w.q[8u + i] = nw[4u + i] & 0x0F0F0F0Fu;
         w.q[12u + i] = (nw[4u + i] >> 4) & 0x0F0F0F0Fu;
     }
-    uint s0 = WBUF[pl.y + sb * 3u], s1 = WBUF[pl.y + sb * 3u + 1u], s2 = WBUF[pl.y + sb * 3u + 2u];
-    vec2 dm = unpackHalf2x16(WBUF[pl.z + sb]);
-    [[unroll]] for (uint k = 0u; k < 2u; ++k) {
-        uvec2 sm = k4_scale_min(s0, s1, s2, 2u * p + k);
-        w.sc[2u * k] = dm.x * float(sm.x);
-        w.sc[2u * k + 1u] = dm.y * float(sm.y);
-    }
-#elif defined(FMT_Q4_K)
+#else
     uint sbs = K / 256u, sb = row * sbs + u / 8u, p = (u / 2u) % 4u, h = u & 1u;
     uvec4 n = WBUF4[pl.x / 4u + sb * 8u + p * 2u + h];
     uint nw[4] = uint[4](n.x, n.y, n.z, n.w);
@@ -170,6 +164,7 @@ UnitW UNITW_LOAD(uvec4 pl, uint K, uint row, uint u) {
         w.q[i] = nw[i] & 0x0F0F0F0Fu;
         w.q[4u + i] = (nw[i] >> 4) & 0x0F0F0F0Fu;
     }
+#endif
     uint s0 = WBUF[pl.y + sb * 3u], s1 = WBUF[pl.y + sb * 3u + 1u], s2 = WBUF[pl.y + sb * 3u + 2u];
     vec2 dm = unpackHalf2x16(WBUF[pl.z + sb]);
     [[unroll]] for (uint k = 0u; k < 2u; ++k) {

@@ -284,43 +284,38 @@ class Tuner:
         seen = {_frozen(default): default_s}
         beam = [(default_s, default)]
         rejected = 0
-        stored = [self.won[key]] if key in self.won else []
-        seeds = [*STEP_SEEDS, *stored] if self.in_step(key, call) else []
-        for cand in seeds:
+
+        def fresh(cand: dict[str, int]) -> bool:
+            return _frozen(cand) not in seen and not param_errors(kernel, cand, self.backend.dev.features)
+
+        def timed(cand: dict[str, int]) -> float:
+            """The candidate's cost; inf (counted and logged) when it fails its check or cannot be built."""
+            nonlocal rejected
             fz = _frozen(cand)
-            if (
-                fz in seen
-                or param_errors(kernel, cand, self.backend.dev.features)
-                or time.monotonic() >= deadline
-            ):
-                continue
             try:
                 seen[fz] = self.cost(key, call, cand, check)
             except (ValueError, UnsupportedOpError, RuntimeError) as e:
                 seen[fz] = float("inf")
                 rejected += 1
                 self.log(f"  rejected {cand}: {e}")
-                continue
-            beam = sorted([*beam, (seen[fz], cand)], key=lambda p: p[0])[: self.beam]
+            return seen[fz]
+
+        stored = [self.won[key]] if key in self.won else []
+        for cand in [*STEP_SEEDS, *stored] if self.in_step(key, call) else []:
+            if fresh(cand) and time.monotonic() < deadline and (s := timed(cand)) < float("inf"):
+                beam = sorted([*beam, (s, cand)], key=lambda p: p[0])[: self.beam]
         while time.monotonic() < deadline:
             improved = False
             for _, params in list(beam):
                 for cand in neighbours(kernel, params):
-                    fz = _frozen(cand)
-                    if fz in seen or param_errors(kernel, cand, self.backend.dev.features):
+                    if not fresh(cand):
                         continue
                     if time.monotonic() >= deadline:
                         break
-                    try:
-                        seen[fz] = self.cost(key, call, cand, check)
-                    except (ValueError, UnsupportedOpError, RuntimeError) as e:
-                        seen[fz] = float("inf")
-                        rejected += 1
-                        self.log(f"  rejected {cand}: {e}")
-                        continue
-                    if seen[fz] < beam[-1][0] or len(beam) < self.beam:
+                    s = timed(cand)
+                    if s < float("inf") and (s < beam[-1][0] or len(beam) < self.beam):
                         improved = True
-                        beam = sorted([*beam, (seen[fz], cand)], key=lambda p: p[0])[: self.beam]
+                        beam = sorted([*beam, (s, cand)], key=lambda p: p[0])[: self.beam]
             if not improved:
                 break
         best_s, best = beam[0]
