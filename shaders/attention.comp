@@ -23,10 +23,10 @@
 #define QUANT_ACT
 #endif
 #include "common.glsl"
-#include "attn_merge.glsl"
 #ifdef QUANT_OUT
 #include "q8_block.glsl"
 #endif
+#include "attn_merge.glsl"
 layout(binding = 1) coherent buffer ArenaU { uint actu[]; };
 
 layout(local_size_x_id = 0) in;
@@ -205,13 +205,8 @@ void main() {
 #ifdef QUANT_OUT
     memoryBarrierBuffer();
     barrier();  // the heads' outputs, written by every thread of the workgroup
-    uint q8b = (pc.q8_off + tg * pc.q8_stride) / 4u, q8k = pc.n_heads * HD;
-    for (uint b = tid; b < G * (HD / 32u); b += WG) {
-        uint o = pc.o_off + tg * pc.o_stride + kvh * G * HD + 32u * b;
-        float v[32];
-        [[unroll]] for (uint i = 0u; i < 32u; ++i) v[i] = actc[o + i];
-        store_q8_block(v, q8b, q8b + q8k / 16u, kvh * G * (HD / 32u) + b);
-    }
+    merged_to_q8(pc.o_off + tg * pc.o_stride + kvh * G * HD, (pc.q8_off + tg * pc.q8_stride) / 4u, pc.n_heads * HD,
+                 kvh * G * (HD / 32u), G * (HD / 32u), tid, WG);
 #endif
 #endif
 }

@@ -8,10 +8,10 @@
 #define QUANT_ACT
 #endif
 #include "common.glsl"
-#include "attn_merge.glsl"
 #ifdef QUANT_OUT
 #include "q8_block.glsl"
 #endif
+#include "attn_merge.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 64;
@@ -32,11 +32,7 @@ void main() {
 #ifdef QUANT_OUT
     memoryBarrierBuffer();
     barrier();  // the head's outputs, written by every thread of the workgroup
-    uint k = pc.n_heads * pc.hd, qb = (pc.q_off + tg * pc.q_stride) / 4u;
-    for (uint b = gl_LocalInvocationID.x; b < pc.hd / 32u; b += WG) {
-        float v[32];
-        [[unroll]] for (uint i = 0u; i < 32u; ++i) v[i] = actc[o_base + 32u * b + i];
-        store_q8_block(v, qb, qb + k / 16u, h * (pc.hd / 32u) + b);
-    }
+    merged_to_q8(o_base, (pc.q_off + tg * pc.q_stride) / 4u, pc.n_heads * pc.hd, h * (pc.hd / 32u), pc.hd / 32u,
+                 gl_LocalInvocationID.x, WG);
 #endif
 }

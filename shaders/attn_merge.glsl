@@ -80,3 +80,17 @@ void merge_head(uint part_off, uint n_split, uint n_heads, uint hd, uint t, uint
         actc[o_base + d] = o * inv;
     }
 }
+
+#ifdef QUANT_OUT
+// The merged output at o (n_blk 32-value blocks of one token row, from block blk0 of its int8 row) as int8
+// blocks of the token row whose codes start at uvec4 q8b (k values a row; q8_block.glsl, included first):
+// the input of the integer matvec that reads it next. Threads tid, tid + nthreads, ... take the blocks; call
+// after a barrier that follows the merge's stores.
+void merged_to_q8(uint o, uint q8b, uint k, uint blk0, uint n_blk, uint tid, uint nthreads) {
+    for (uint b = tid; b < n_blk; b += nthreads) {
+        float v[32];
+        [[unroll]] for (uint i = 0u; i < 32u; ++i) v[i] = actc[o + 32u * b + i];
+        store_q8_block(v, q8b, q8b + k / 16u, blk0 + b);
+    }
+}
+#endif
