@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Tune only the prefill GEMM shapes (``matmul_coop``) of a model on the Vulkan device, with the autotuner's
 checked search (every candidate compared with numpy before it is timed, device timestamps), a fixed time a
-shape; optionally also time fixed tiles. Winners replace the GEMM entries of the tuning database
+shape; optionally also time fixed tiles (``--seconds 0``: only those, the database left alone). Winners replace the GEMM entries of the tuning database
 ($WORKBENCH_TUNING_DB or the cache) for this device, driver and model's shapes; a shape whose default wins loses
 its entry. ``workbench tune`` does the
 same within one budget (``--kernels matmul_coop`` for the GEMM alone); this script gives each shape a fixed
@@ -60,8 +60,10 @@ def main() -> None:
             f"{r.rejected} rejected" + (" | " + "; ".join(fixed) if fixed else ""),
             flush=True,
         )
-        tuner.store(db, r)
-    print("GEMM total us:", {k: round(v * 1e6) for k, v in total.items()}, "->", db.path)
+        if args.seconds > 0:  # no search: the given tiles were only timed, the database stays as it was
+            tuner.store(db, r)
+    dest = db.path if args.seconds > 0 else "not stored (--seconds 0)"
+    print("GEMM total us:", {k: round(v * 1e6) for k, v in total.items()}, "->", dest)
 
 
 if __name__ == "__main__":

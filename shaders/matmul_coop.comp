@@ -6,7 +6,10 @@
 // as fp16, four values per store, and each subgroup multiplies its TM x TN grid of 16x16 matrices. The
 // next step's words are loaded into registers before this step's products and decoded only after them
 // (DEQ8_FETCH / DEQ8_DECODE), so no instruction waits on a global load ahead of the matrix work (one barrier
-// pair per step). Whole 16x16 results go straight to the arena; those cut by the edges go through one
+// pair per step). With AHEAD = 1 the weights run one step further ahead: step k+2's words are loaded and
+// step k+1's decoded (into registers, as fp16) between step k's products, so the decoding overlaps the
+// matrix work of the same subgroup and only shared stores remain between the barriers (matmul_coop.ahead).
+// Whole 16x16 results go straight to the arena; those cut by the edges go through one
 // shared 16x16 staging tile, bounds-checked. K must be a multiple of 32. Activations beyond the fp16 range are
 // clamped to +-65504 (a documented difference from the fp32 kernel, matmul.comp). X_F16: X arrives as fp16
 // (converted once per input by eltwise.comp's OP_TO_F16, shared by the projections that read it), half the
@@ -35,6 +38,7 @@ layout(constant_id = 2) const uint TM = 2;
 layout(constant_id = 3) const uint TN = 2;
 layout(constant_id = 4) const uint SG = 32;
 layout(constant_id = 5) const uint BK = 32;  // K columns staged per step: 32 or 64
+layout(constant_id = 6) const uint AHEAD = 0;  // 1: decode step k+1's weights between step k's products
 const uint SUBGROUPS = WG / SG;
 const uint WN = SUBGROUPS / WM;
 const uint BM = WM * TM * 16u;
@@ -61,12 +65,13 @@ uvec2 xreg[XL];          // step k's X, as loaded (four halves)
 #else
 vec4 xreg[XL];           // step k's X, as loaded
 #endif
-uint wraw[WL][DEQ_RAW];  // step k's weight words, as loaded
-bool wok[WL];            // the chunk lies inside W
+uint wraw[WL][DEQ_RAW];  // step k's weight words, as loaded (AHEAD: step k+2's)
+bool wok[WL];            // the chunk lies inside W (the same at every step)
+f16vec4 wdec[WL][2];     // AHEAD: step k+1's weights, decoded
 
-// Registers <- the words of step k0's X and W tiles (X zero outside the matrix). Nothing here uses a loaded
-// value, so the loads stay in flight through the products that follow.
-void fetch_tiles(uint k0, uint m0, uint n0, uint tid) {
+// Registers <- the words of step k0's X tile (zero outside the matrix). Nothing here uses a loaded value, so
+// the loads stay in flight through the products that follow.
+void fetch_x(uint k0, uint m0, uint tid) {
     [[unroll]] for (uint j = 0u; j < XL; ++j) {
         uint i = tid + j * WG;
         uint m = i / (BK / 4u), c = i % (BK / 4u);
@@ -78,6 +83,10 @@ void fetch_tiles(uint k0, uint m0, uint n0, uint tid) {
         if (i < BM * (BK / 4u) && m0 + m < pc.T) xreg[j] = act4[(pc.x_off + (m0 + m) * pc.x_stride + k0) / 4u + c];
 #endif
     }
+}
+
+// Registers <- the words of step k0's W tile (the chunks outside W are not loaded: wok).
+void fetch_w(uint k0, uint n0, uint tid) {
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
         uint i = tid + j * WG;
         uint n = i / (BK / 8u), c = i % (BK / 8u);
@@ -86,8 +95,17 @@ void fetch_tiles(uint k0, uint m0, uint n0, uint tid) {
     }
 }
 
-// Shared tiles <- the registers of step k0, decoded and as fp16 (weights zero outside W).
-void store_tiles(uint k0, uint n0, uint tid) {
+// Chunk j of step k0's W tile, decoded from its loaded words (zero outside W).
+void decode_chunk(uint j, uint k0, uint n0, uint tid, out vec4 lo, out vec4 hi) {
+    uint i = tid + j * WG;
+    uint n = i / (BK / 8u), c = i % (BK / 8u);
+    lo = vec4(0.0);
+    hi = vec4(0.0);
+    if (wok[j]) deq_decode(pc.pl, pc.K, n0 + n, k0 / 8u + c, wraw[j], lo, hi);
+}
+
+// Shared X tile <- the registers of step k0's X, as fp16.
+void store_x(uint tid) {
     [[unroll]] for (uint j = 0u; j < XL; ++j) {
         uint i = tid + j * WG;
 #ifdef X_F16
@@ -97,17 +115,38 @@ void store_tiles(uint k0, uint n0, uint tid) {
         if (i < BM * (BK / 4u)) xs[(i / (BK / 4u)) * SX4 + i % (BK / 4u)] = f16vec4(clamp(xreg[j], -65504.0, 65504.0));
 #endif
     }
+}
+
+// Shared W tile, chunk j <- its 8 values as fp16.
+void store_w(uint j, uint tid, f16vec4 lo, f16vec4 hi) {
+    uint i = tid + j * WG;
+    if (i < BN * (BK / 8u)) {
+        uint o = (i / (BK / 8u)) * SX4 + 2u * (i % (BK / 8u));
+        ws[o] = lo;
+        ws[o + 1u] = hi;
+    }
+}
+
+// Shared tiles <- step k0's registers: X as loaded, W decoded now (AHEAD = 0) or already (AHEAD = 1).
+void store_tiles(uint k0, uint n0, uint tid) {
+    store_x(tid);
     [[unroll]] for (uint j = 0u; j < WL; ++j) {
-        uint i = tid + j * WG;
-        if (i < BN * (BK / 8u)) {
-            uint n = i / (BK / 8u), c = i % (BK / 8u);
-            vec4 lo = vec4(0.0), hi = vec4(0.0);
-            if (wok[j]) deq_decode(pc.pl, pc.K, n0 + n, k0 / 8u + c, wraw[j], lo, hi);
-            uint o = n * SX4 + 2u * c;
-            ws[o] = f16vec4(lo);
-            ws[o + 1u] = f16vec4(hi);
+        if (AHEAD == 0u) {
+            vec4 lo, hi;
+            decode_chunk(j, k0, n0, tid, lo, hi);
+            store_w(j, tid, f16vec4(lo), f16vec4(hi));
+        } else {
+            store_w(j, tid, wdec[j][0], wdec[j][1]);
         }
     }
+}
+
+// Registers wdec <- chunk j of step k0's W tile, decoded as fp16 (AHEAD).
+void decode_ahead(uint j, uint k0, uint n0, uint tid) {
+    vec4 lo, hi;
+    decode_chunk(j, k0, n0, tid, lo, hi);
+    wdec[j][0] = f16vec4(lo);
+    wdec[j][1] = f16vec4(hi);
 }
 
 void main() {
@@ -118,12 +157,20 @@ void main() {
     CM(gl_MatrixUseAccumulator, float) acc[TM * TN];
     [[unroll]] for (uint i = 0u; i < TM * TN; ++i) acc[i] = CM(gl_MatrixUseAccumulator, float)(0.0);
 
-    fetch_tiles(0u, m0, n0, tid);
+    fetch_x(0u, m0, tid);
+    fetch_w(0u, n0, tid);
+    if (AHEAD != 0u) {
+        [[unroll]] for (uint j = 0u; j < WL; ++j) decode_ahead(j, 0u, n0, tid);
+        if (BK < pc.K) fetch_w(BK, n0, tid);  // step 1's words: decoded during step 0's products
+    }
     store_tiles(0u, n0, tid);
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
         barrier();  // step k0's shared tiles are stored
         bool more = k0 + BK < pc.K;
-        if (more) fetch_tiles(k0 + BK, m0, n0, tid);  // in flight during the products below
+        if (more) {  // in flight during the products below
+            fetch_x(k0 + BK, m0, tid);
+            if (AHEAD == 0u) fetch_w(k0 + BK, n0, tid);
+        }
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
             CM(gl_MatrixUseA, float16_t) a[TM];
             CM(gl_MatrixUseB, float16_t) b[TN];
@@ -134,7 +181,12 @@ void main() {
             [[unroll]] for (uint i = 0u; i < TM; ++i)
                 [[unroll]] for (uint j = 0u; j < TN; ++j)
                     acc[i * TN + j] = coopMatMulAdd(a[i], b[j], acc[i * TN + j]);
+            // AHEAD: a share of step k0+BK's chunks decoded between this step's products (no branch: past the
+            // last step the values decoded are never stored)
+            if (AHEAD != 0u)
+                [[unroll]] for (uint j = kk / 16u; j < WL; j += BK / 16u) decode_ahead(j, k0 + BK, n0, tid);
         }
+        if (AHEAD != 0u && k0 + 2u * BK < pc.K) fetch_w(k0 + 2u * BK, n0, tid);  // decoded in the next step
         barrier();  // the products have read the shared tiles
         if (more) store_tiles(k0 + BK, n0, tid);
     }

@@ -112,3 +112,17 @@ def test_tune_drops_an_older_entry_when_the_default_wins(tmp_path):
     db.remove(f, "matvec/Q4_K/q8/2048x5376/t1")
     db.remove(features(name="another GPU"), "matvec/Q4_K/q8/4096x5376/t1")  # another device's: kept
     assert [e["key"] for e in db.entries] == ["matvec/Q4_K/q8/4096x5376/t1"]
+
+
+def test_gemm_decode_ahead_is_a_switch_per_device_and_per_shape():
+    """``matmul_coop.ahead`` (decode step k+1's weights between step k's products) is 0 or 1, as a tunable
+    and as a tuned shape's parameter; anything else is refused before a pipeline is built."""
+    from workbench.backends.vulkan.tuned import param_errors
+
+    f = features()
+    with pytest.raises(ValueError, match=r"matmul_coop\.ahead=2 must be 0 or 1"):
+        Tuning(f, {"matmul_coop.ahead": "2"})
+    tile = {"wg": 512, "wm": 4, "tm": 2, "tn": 2, "bk": 64}
+    assert not param_errors("matmul_coop", {**tile, "ahead": 1}, f)
+    assert not param_errors("matmul_coop", tile, f)  # entries tuned before the parameter existed
+    assert param_errors("matmul_coop", {**tile, "ahead": 3}, f) == ["ahead=3 must be 0 or 1"]

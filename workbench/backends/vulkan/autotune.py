@@ -52,6 +52,7 @@ CHOICES = {
     "tm": (1, 2, 3, 4),
     "tn": (1, 2, 3, 4),
     "bk": (32, 64),
+    "ahead": (0, 1),
 }
 
 
@@ -333,7 +334,7 @@ class Tuner:
         v = self.backend.tuning.values
         if call["kind"] == "gemm":
             return {"wg": v["matmul_coop.wg"], "wm": v["matmul_coop.wm"], "tm": v["matmul_coop.tm"],
-                    "tn": v["matmul_coop.tn"], "bk": v["matmul_coop.bk"]}  # fmt: skip
+                    "tn": v["matmul_coop.tn"], "bk": v["matmul_coop.bk"], "ahead": v["matmul_coop.ahead"]}  # fmt: skip
         prog, _, _ = self.program(key, call, None)
         try:
             spec = dict(next(d.spec for d in prog.dispatches if d.kernel == "matvec"))

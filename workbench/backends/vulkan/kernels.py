@@ -89,7 +89,7 @@ KERNELS: dict[str, KernelSpec] = {
     "matmul_coop": KernelSpec(
         "matmul_coop",
         ("pl:4", "K", "N", "T", "row0", "x_off", "x_stride", "y_off", "y_stride"),
-        (("wg", 0), ("wm", 1), ("tm", 2), ("tn", 3), ("bk", 5)),
+        (("wg", 0), ("wm", 1), ("tm", 2), ("tn", 3), ("bk", 5), ("ahead", 6)),
     ),
     "attention": KernelSpec(
         "attention",
@@ -258,6 +258,7 @@ PROGRAM_TUNABLES = {
 }
 SWITCHES = (
     "matmul.coop",
+    "matmul_coop.ahead",
     "matmul_coop.x16",
     "attention.fused_combine",
     "attention.kv_in_rope",
@@ -321,6 +322,9 @@ class Tuning:
             "matmul_coop.tm": 2,
             "matmul_coop.tn": 2,
             "matmul_coop.bk": 64,  # K columns staged per step (32 or 64; 64 halves the barriers per K)
+            # 1: a step's weights decoded between the previous step's products, not after them
+            # (docs/backend-vulkan.md#prefill-gemm)
+            "matmul_coop.ahead": 0,
             "attention.wg": max(256, sg),
             "attention.tile": 64,
             "attn_combine.wg": max(64, sg),

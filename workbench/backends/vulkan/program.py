@@ -373,6 +373,8 @@ class Builder:
                 wg, wm, tm, tn = tuned["wg"], tuned["wm"], tuned["tm"], tuned["tn"]
                 bm, bn, bk = wm * tm * 16, (wg // sg) // wm * tn * 16, tuned.get("bk", 32)
                 spec += [(0, wg), (1, wm), (2, tm), (3, tn)]
+                if "ahead" in tuned:  # entries older than matmul_coop.ahead take the tunable's value
+                    spec.append((6, tuned["ahead"]))
             spec.append((5, bk if k % bk == 0 else 32))  # K a multiple of 32 but not of 64: stage 32
         else:
             bm = tun["matmul.wg_m"] * tun["matmul.tm"]

@@ -26,7 +26,7 @@ from .shaders import source_hash
 
 FORMAT_VERSION = 1
 # the parameters an entry may set, per kernel
-PARAMS = {"matvec": ("wg", "row_threads", "rows"), "matmul_coop": ("wg", "wm", "tm", "tn", "bk")}
+PARAMS = {"matvec": ("wg", "row_threads", "rows"), "matmul_coop": ("wg", "wm", "tm", "tn", "bk", "ahead")}
 
 
 def default_path() -> Path:
@@ -63,6 +63,8 @@ def param_errors(kernel: str, params: dict[str, int], f: DeviceFeatures) -> list
         if not 1 <= rows <= 8:
             errors.append(f"rows={rows} must be 1..8")
     elif not errors:
+        if params.get("ahead", 0) not in (0, 1):
+            errors.append(f"ahead={params['ahead']} must be 0 or 1")
         errors += coop_errors(
             wg, params.get("wm", 0), params.get("tm", 0), params.get("tn", 0), f, params.get("bk", 32)
         )
