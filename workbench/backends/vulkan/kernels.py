@@ -322,9 +322,9 @@ class Tuning:
             "matmul_coop.tm": 2,
             "matmul_coop.tn": 2,
             "matmul_coop.bk": 64,  # K columns staged per step (32 or 64; 64 halves the barriers per K)
-            # 1: a step's weights decoded between the previous step's products, not after them
-            # (docs/backend-vulkan.md#prefill-gemm)
-            "matmul_coop.ahead": 0,
+            # 1: a step's weights decoded between the previous step's products, not after them: faster at the
+            # default tile on every shape measured (docs/backend-vulkan.md#prefill-gemm)
+            "matmul_coop.ahead": 1,
             "attention.wg": max(256, sg),
             "attention.tile": 64,
             "attn_combine.wg": max(64, sg),
