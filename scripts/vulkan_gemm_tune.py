@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Tune only the prefill GEMM shapes (``matmul_coop``) of a model on the Vulkan device, with the autotuner's
 checked search (every candidate compared with numpy before it is timed, device timestamps), a fixed time a
-shape; optionally also time fixed tiles (``--seconds 0``: only those, the database left alone). Winners replace the GEMM entries of the tuning database
-($WORKBENCH_TUNING_DB or the cache) for this device, driver and model's shapes; a shape whose default wins loses
-its entry. ``workbench tune`` does the
-same within one budget (``--kernels matmul_coop`` for the GEMM alone); this script gives each shape a fixed
-time and can time given tiles beside the search (figures: experiments/vulkan-scale/notes.md).
+shape; optionally also time fixed tiles (``--seconds 0``: only those, the database left alone). Winners replace
+the GEMM entries of the tuning database ($WORKBENCH_TUNING_DB or the cache) for this device, driver and model's
+shapes; a shape whose default wins loses its entry. ``workbench tune`` does the same within one budget
+(``--kernels matmul_coop`` for the GEMM alone); this script gives each shape a fixed time and can time given
+tiles beside the search (figures: experiments/vulkan-scale/notes.md).
 
     python scripts/vulkan_gemm_tune.py MODEL [--seconds 20] [--prompt-tokens 512] [--tile '{"wg":256,...}' ...]
 """
