@@ -233,31 +233,6 @@ def test_tunables_keep_results(tiny, tune):
 
 
 @pytest.mark.parametrize(
-    "tune, qt",
-    [
-        (
-            "",
-            0,
-        ),  # automatic: 2..8 tokens a workgroup (from the heads a KV head and the lanes a key row takes)
-        ("attention.prefill_tokens=3", 3),  # 37 rows: the last workgroup holds one token
-        ("attention.prefill_tokens=8", 8),  # 16 query rows a workgroup (8 tokens x 2 heads)
-        ("attention.prefill_tokens=1", 1),  # attention.comp, one token a workgroup
-    ],
-)
-def test_prefill_attention_serves_several_tokens_a_workgroup(tiny, tune, qt):
-    """A prefill step's attention with several query tokens a workgroup (attention_prefill.comp) equals the
-    reference: sliding window crossed (window 8, 37 tokens), GQA (2 heads a KV head), a last workgroup of fewer
-    tokens, rows after a decode step; prefill_tokens=1 keeps the one-token kernel."""
-    tokens = [(7 * i + 3) % tiny.config.vocab_size for i in range(37)]
-    ev = compare(tiny, tokens, decode=2, tune=tune or None)
-    kernels = {d.kernel: dict(d.spec) for p in ev.backend.programs.values() for d in p.dispatches}
-    if qt == 1:
-        assert "attention_prefill" not in kernels
-    else:
-        assert "attention_prefill" in kernels and (not tune or kernels["attention_prefill"][5] == qt)
-
-
-@pytest.mark.parametrize(
     "tune, rt, rb",
     [
         ("matvec.row_block_batch=3,matvec.row_threads_batch=4", 4, 3),  # fewer lanes than tokens: butterflies

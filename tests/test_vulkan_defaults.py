@@ -126,24 +126,3 @@ def test_gemm_decode_ahead_is_a_switch_per_device_and_per_shape():
     assert not param_errors("matmul_coop", {**tile, "ahead": 1}, f)
     assert not param_errors("matmul_coop", tile, f)  # entries tuned before the parameter existed
     assert param_errors("matmul_coop", {**tile, "ahead": 3}, f) == ["ahead=3 must be 0 or 1"]
-
-
-@pytest.mark.parametrize("value", ["9", "-1"])
-def test_prefill_tokens_outside_0_to_8_are_refused(value):
-    with pytest.raises(ValueError, match=r"attention\.prefill_tokens=-?\d must be 0"):
-        Tuning(features(), {"attention.prefill_tokens": value})
-
-
-def test_prefill_tokens_keep_a_lanes_query_slices_bounded():
-    """Automatic: 27B's layout (2 heads a KV head, head_dim 128, 32 lanes) 8 tokens; head_dim 256 4; 4 heads a
-    KV head at 256 2; never fewer than 2; a set value wins."""
-    from workbench.backends.vulkan.kernels import prefill_tokens
-
-    v = Tuning(features()).values
-    assert [prefill_tokens(v, g, hd, 32) for g, hd in ((2, 128), (2, 256), (4, 256), (8, 256))] == [
-        8,
-        4,
-        2,
-        2,
-    ]
-    assert prefill_tokens({**v, "attention.prefill_tokens": 5}, 2, 128, 32) == 5

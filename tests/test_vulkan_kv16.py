@@ -29,7 +29,7 @@ SAME_ROUNDING = 2.5e-4
 # the fp16 cache against the fp32 cache: K and V rounded to 11 significant bits (relative error <= 2^-11 per
 # element) move the logits by ~1e-3 of the largest |logit| (measured on lavapipe: 6e-4 to 9e-4)
 FP16_ROUNDING = 5e-3
-KV_KERNELS = ("kv_store", "attention", "attention_prefill")
+KV_KERNELS = ("kv_store", "attention")
 
 
 class Fp16CacheNumpy(NumpyBackend):

@@ -116,32 +116,6 @@ KERNELS: dict[str, KernelSpec] = {
         ),
         (("wg", 0), ("tile", 4)),
     ),
-    # the prefill attention (several query tokens a workgroup): its specialization constants are set by the
-    # program builder from attention.wg, attention.tile and attention.prefill_tokens
-    "attention_prefill": KernelSpec(
-        "attention_prefill",
-        (
-            "q_off",
-            "q_stride",
-            "o_off",
-            "o_stride",
-            "n_heads",
-            "n_kv",
-            "hd",
-            "kv_dim",
-            "ring",
-            "window",
-            "v_off",
-            "part_off",
-            "n_split",
-            "split_keys",
-            "scale:f",
-            "cnt_off",
-            "t0",
-            "n_tok",
-        ),
-        (),
-    ),
     "attn_combine": KernelSpec(
         "attn_combine",
         (
@@ -238,10 +212,6 @@ PROGRAM_TUNABLES = {
     "matmul_coop.x16": 1,
     "matvec.norm_rows": 65536,
     "attention.fused_combine": 0,  # the separate merge measured faster (docs/backend-vulkan.md#single-stream)
-    # query tokens a workgroup of the prefill attention serves (attention_prefill.comp: each key and value row
-    # loaded serves them all); 0: as many as keep 16 query slices a lane (2..8), 1: attention.comp, one token
-    # a workgroup (docs/backend-vulkan.md#prefill-attention)
-    "attention.prefill_tokens": 0,
     "attention.kv_in_rope": 1,
     "matvec.post_norm": 1,
     # the post-norm tail of a one-token step holds its row in registers (every load issued at once) instead
@@ -418,14 +388,7 @@ class Tuning:
             elif (
                 val < 1
                 and key not in SWITCHES
-                and key
-                not in (
-                    "matvec.row_threads_batch",
-                    "matvec.wg_tall",
-                    "ffn.down_t",
-                    "matvec.q4k_wide",
-                    "attention.prefill_tokens",
-                )
+                and key not in ("matvec.row_threads_batch", "matvec.wg_tall", "ffn.down_t", "matvec.q4k_wide")
             ):
                 errors.append(f"{key}={val} must be positive")
             if key.endswith((".wg", ".wg_tall")) and (
@@ -479,10 +442,6 @@ class Tuning:
             errors.append("matvec.q8_rows must be 1..8")
         if v["matvec.q8_ahead"] not in (1, 2):
             errors.append(f"matvec.q8_ahead={v['matvec.q8_ahead']} must be 1 or 2")
-        if not 0 <= v["attention.prefill_tokens"] <= 8:
-            errors.append(
-                f"attention.prefill_tokens={v['attention.prefill_tokens']} must be 0 (automatic) to 8"
-            )
         if v["matvec.q4k_wide"] not in (0, 1, 2):
             errors.append(f"matvec.q4k_wide={v['matvec.q4k_wide']} must be 0, 1 or 2")
         if v["matvec.fp16"] and not f.fp16:
@@ -507,16 +466,6 @@ class Tuning:
             errors.append(f"attention.splits={v['attention.splits']} exceeds the device's grid width")
         if errors:
             raise ValueError("vulkan backend: invalid tunables: " + "; ".join(errors))
-
-
-def prefill_tokens(v: dict[str, int], heads_per_kv: int, head_dim: int, subgroup_size: int) -> int:
-    """Query tokens per workgroup of the prefill attention: ``attention.prefill_tokens`` where set, else as
-    many (2..8) as keep a lane's query slices (tokens x heads a KV head x vec4s of a row per lane) at 16, the
-    registers a lane holds for them bounded whatever the head layout."""
-    if v["attention.prefill_tokens"]:
-        return v["attention.prefill_tokens"]
-    per_lane = -(-(head_dim // 4) // max(subgroup_size, 1))
-    return max(2, min(8, 16 // (heads_per_kv * per_lane)))
 
 
 def batch_row_threads(v: dict[str, int], k: int, pair: bool = False) -> int:
@@ -610,12 +559,7 @@ def all_variants() -> list[tuple[str, tuple[str, ...]]]:
             ]
         out += [("matmul", f), ("matmul_coop", f), ("matmul_coop", (*f, "X_F16")), ("embed", f)]
     for kv in ((), ("KV_F16",)):  # the cache's float32 and float16 (kv.fp16) variants
-        out += [
-            ("attention", kv),
-            ("attention", ("FUSED_COMBINE", *kv)),
-            ("kv_store", kv),
-            ("attention_prefill", kv),
-        ]
+        out += [("attention", kv), ("attention", ("FUSED_COMBINE", *kv)), ("kv_store", kv)]
         out += [("attention", ("FUSED_COMBINE", "QUANT_OUT", *kv))]
         out += [("rmsnorm", ("ROPE", "KV_OUT", *x, *kv)) for x in ((), ("NO_NORM",), ("V_NORM",))]
     out += [("attn_combine", ()), ("attn_combine", ("QUANT_OUT",)), ("rmsnorm", ()), ("rmsnorm", ("ADD",))]

@@ -18,7 +18,7 @@ import numpy as np
 from ...ops.graph import Graph, Op
 from ..base import UnsupportedOpError
 from . import gemma3n
-from .kernels import KERNELS, KV_SEQS, Q8_FORMATS, batch_row_threads, coop_tile, prefill_tokens
+from .kernels import KERNELS, KV_SEQS, Q8_FORMATS, batch_row_threads, coop_tile
 from .memory import Buffer
 from .tuned import gemm_key, matvec_key
 
@@ -545,15 +545,7 @@ class Builder:
                     scale=a["scale"], cnt_off=Ref(counters) if counters else 0, t0=t0,
                     q8_off=Ref(q8) if q8 and fused_combine else 0, q8_stride=q8_stride)  # fmt: skip
         writes = [out + tag] if not part else ([part, out + tag, counters] if fused_combine else [part])
-        qt = prefill_tokens(b.tuning.values, nh // nkv, hd, sg) if n_split == 1 and not multi else 1
-        if stage == "attend" and qt > 1 and longest > b.tuning["matvec.max_tokens"]:
-            # a prefill step of one sequence: several query tokens a workgroup share each key and value load
-            push = {k: v for k, v in push.items() if k not in ("q8_off", "q8_stride")} | dict(n_tok=t)
-            spec = [(0, b.tuning["attention.wg"]), (1, nh // nkv), (2, hd), (3, sg), (4, b.tuning["attention.tile"]),
-                    (5, qt)]  # fmt: skip
-            self.add(op, "attention_prefill", push, (1, nkv, -(-t // qt)), [q + tag, *kvres, "params"], [out + tag],
-                     list(layer.defines), spec=spec, kv=caches)  # fmt: skip
-        elif stage == "attend":
+        if stage == "attend":
             fused_q8 = q8 is not None and fused_combine
             self.add(op, "attention", push, (n_split, nkv, t), [q + tag, *kvres, "params"],
                  writes + ([q8] if fused_q8 else []),
