@@ -197,6 +197,25 @@ def test_entries_of_every_kind_of_file(question):
         S.replace_readme_table("no markers", table)
 
 
+def test_runs_of_dropped_changes_are_not_readme_rows(tmp_path):
+    """A later run at default settings whose file is named dropped-* (the change it measured was reverted)
+    stays in the folder's summary but does not replace the README's row."""
+    q = tmp_path / "experiments" / "q"
+    q.mkdir(parents=True)
+    (q / "notes.md").write_text("# Is it fast?\n")
+    run_a = {"schema": "workbench.run/1", "run_id": "20261125-100000-bench-00000000", "kind": "bench",
+             "created": "2026-11-25T10:00:00+0000", "how": "measured on cpu:EPYC (cpu)", "backend": "cpu",
+             "device": "cpu:EPYC", "command": ".venv/bin/workbench bench --backend cpu",
+             "model": {"name": "gemma3-270m", "params": 268098176}, "environment": _env(commit="b" * 40),
+             "results": _bench_results(700.0, 160.0)}  # fmt: skip
+    run_b = dict(run_a, run_id="20261125-110000-bench-11111111", created="2026-11-25T11:00:00+0000",
+                 results=_bench_results(100.0, 20.0))  # fmt: skip
+    (q / "20261125-100000-bench-00000000.json").write_text(json.dumps(run_a))
+    (q / "dropped-20261125-110000-bench-11111111.json").write_text(json.dumps(run_b))
+    assert len(S.load_entries(q)) == 2
+    assert [e.run_id for e in S.readme_entries(tmp_path / "experiments")] == [run_a["run_id"]]
+
+
 def test_question_folder_records_load_with_workbench_runs(question):
     root, _, folder = question
     with warnings.catch_warnings():  # JSON that is not a record, and a sweep's folders, pass silently

@@ -417,6 +417,9 @@ def _notebook_default(folder: Path, notebook: str, name: str) -> str:
     return ""
 
 
+DROPPED = "dropped-"  # the name prefix of a question folder's runs of changes that were reverted
+
+
 def iter_json(folder: Path):
     """(relative name, parsed JSON) of every record folder and JSON file of ``folder``; a sweep's working
     folders and hidden files are skipped."""
@@ -448,6 +451,8 @@ def load_entries(folder: str | Path) -> list[Entry]:
                 outputs.append(e)
     ids = {e.run_id for e in records}
     entries = records + [e for e in outputs if not e.run_id or e.run_id not in ids] + _sweep_entries(folder)
+    for e in entries:  # a run of a change that was dropped (its files named dropped-*) is evidence, not a result
+        e.default = e.default and not e.file.startswith(DROPPED)
     return sorted(entries, key=lambda e: (e.created, e.file))
 
 
@@ -617,7 +622,8 @@ def _rank(e: Entry) -> tuple:
 
 def readme_entries(root: str | Path | None = None) -> list[Entry]:
     """The latest ``bench`` run at default settings for each backend x model, over every question folder;
-    a run compared with llama.cpp before one that was not (the table's ratio column)."""
+    a run compared with llama.cpp before one that was not (the table's ratio column). Runs of dropped
+    changes (files named ``dropped-*``) are not taken: the code they measured is gone."""
     best: dict[tuple[str, str], tuple[Entry, str]] = {}
     for folder in question_folders(root):
         for e in load_entries(folder):
