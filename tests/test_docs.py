@@ -48,6 +48,35 @@ def test_ops_page_is_up_to_date():
     )
 
 
+def test_op_measurements_skip_runs_of_dropped_changes(tmp_path, monkeypatch):
+    """The ops page cites the latest record of a question folder, but never one named dropped-* (a run of a
+    change that was reverted), however recent."""
+    import json
+
+    import pandas as pd
+
+    for name, created in (
+        ("20261127-100000-bench-aaaaaaaa", "2026-11-27"),
+        ("dropped-20261128-1-bench-b", "2026-11-28"),
+    ):
+        d = tmp_path / "experiments" / "q" / name
+        d.mkdir(parents=True)
+        run = {"model": {"name": "m"}, "device": "vulkan:GPU", "created": created}
+        (d / "run.json").write_text(json.dumps(run))
+        ops = {
+            "kind": ["some_kind"],
+            "backend": ["vulkan"],
+            "phase": ["prefill"],
+            "time_s": [1e-3],
+            "device_s": [1e-3],
+        }
+        pd.DataFrame(ops).to_parquet(d / "ops.parquet")
+    monkeypatch.setattr(docs_ops, "ROOT", tmp_path)
+    monkeypatch.setattr(docs_ops, "EXPERIMENTS", tmp_path / "experiments")
+    cell = docs_ops.latest_measurements()["some_kind"]["vulkan"]
+    assert "20261127-100000-bench-aaaaaaaa" in cell and "dropped" not in cell
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path):
     text = CODE.sub("", page.read_text())  # links inside code spans are not links

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .experiments.summary import DROPPED
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ops.md"
 COMMAND = "python -m workbench.docs_ops"
@@ -380,7 +382,7 @@ def latest_measurements() -> dict[str, dict[str, str]]:
 
     Records are the ``bench --profile`` folders kept by question (``experiments/<question>/<record>/`` with
     ``run.json`` and ``ops.parquet``); demo runs, ``experiments/runs/`` (every run's own record, not kept in
-    git) and sweep points are not records of a question."""
+    git), sweep points and runs of dropped changes (``dropped-*``: their code is gone) are not taken."""
     import json
 
     import pandas as pd
@@ -390,6 +392,7 @@ def latest_measurements() -> dict[str, dict[str, str]]:
         if (
             ops_file.parts[-3].startswith("demo-")
             or ops_file.parts[-3] == "runs"
+            or ops_file.parent.name.startswith(DROPPED)
             or not (ops_file.parent / "run.json").is_file()
         ):
             continue
