@@ -50,7 +50,7 @@ def test_ops_page_is_up_to_date():
 
 def test_op_measurements_skip_runs_of_dropped_changes(tmp_path, monkeypatch):
     """The ops page cites the latest record of a question folder, but never one named dropped-* (a run of a
-    change that was reverted), however recent."""
+    change that was reverted), however recent; a run with backend options names them."""
     import json
 
     import pandas as pd
@@ -61,7 +61,8 @@ def test_op_measurements_skip_runs_of_dropped_changes(tmp_path, monkeypatch):
     ):
         d = tmp_path / "experiments" / "q" / name
         d.mkdir(parents=True)
-        run = {"model": {"name": "m"}, "device": "vulkan:GPU", "created": created}
+        run = {"model": {"name": "m"}, "device": "vulkan:GPU", "created": created,
+               "config": {"backend_options": {"tune": "x=1"}}}  # fmt: skip
         (d / "run.json").write_text(json.dumps(run))
         ops = {
             "kind": ["some_kind"],
@@ -75,6 +76,7 @@ def test_op_measurements_skip_runs_of_dropped_changes(tmp_path, monkeypatch):
     monkeypatch.setattr(docs_ops, "EXPERIMENTS", tmp_path / "experiments")
     cell = docs_ops.latest_measurements()["some_kind"]["vulkan"]
     assert "20261127-100000-bench-aaaaaaaa" in cell and "dropped" not in cell
+    assert "--tune x=1" in cell  # a run away from the default settings says so
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

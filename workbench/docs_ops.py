@@ -404,6 +404,10 @@ def latest_measurements() -> dict[str, dict[str, str]]:
         model = str(run.get("model", {}).get("name", "?")).removeprefix("synthetic:")
         device = str(run.get("device", "?")).split(":", 1)[-1]
         created = str(run.get("created", ""))[:10]
+        options = (run.get("config") or {}).get("backend_options") or {}
+        settings = "".join(
+            f", --{k} {v}" for k, v in sorted(options.items())
+        )  # a run away from the defaults says so
         for (kind, backend), rows in df.assign(t=times).groupby(["kind", "backend"]):
             how = _timing_label(set(rows["timing"].astype(str)) if "timing" in rows else set())
             phases = [
@@ -412,7 +416,7 @@ def latest_measurements() -> dict[str, dict[str, str]]:
                 if (rows.phase == phase).any()
             ]
             cell = (
-                f"{backend}: {', '.join(phases)} per op ({model}, {device}, {created}, {how}; "
+                f"{backend}: {', '.join(phases)} per op ({model}, {device}, {created}, {how}{settings}; "
                 f"{_link(ops_file.parent, 'record')})"
             )
             if (kind, backend) not in latest or created >= latest[kind, backend][0]:
