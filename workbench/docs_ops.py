@@ -404,10 +404,9 @@ def latest_measurements() -> dict[str, dict[str, str]]:
         model = str(run.get("model", {}).get("name", "?")).removeprefix("synthetic:")
         device = str(run.get("device", "?")).split(":", 1)[-1]
         created = str(run.get("created", ""))[:10]
+        # a run away from the default settings names its backend options
         options = (run.get("config") or {}).get("backend_options") or {}
-        settings = "".join(
-            f", --{k} {v}" for k, v in sorted(options.items())
-        )  # a run away from the defaults says so
+        settings = "".join(f", --{k} {v}" for k, v in sorted(options.items()))
         for (kind, backend), rows in df.assign(t=times).groupby(["kind", "backend"]):
             how = _timing_label(set(rows["timing"].astype(str)) if "timing" in rows else set())
             phases = [
