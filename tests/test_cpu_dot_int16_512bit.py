@@ -86,5 +86,5 @@ def test_kernel_choice_from_environment(monkeypatch, value, wide):
 
 def test_bad_kernel_choice_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(dot_int16_512bit.KERNELS_ENV, "avx9")
-    with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be 'wide' or 'narrow'"):
+    with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be one of wide, avx2, narrow"):
         dot_int16_512bit.use_wide_kernels()

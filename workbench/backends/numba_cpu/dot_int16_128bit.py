@@ -239,12 +239,25 @@ def _one_scale_body(qtype: GGMLType):
 
 
 # -- k-quants: 256-value superblocks -------------------------------------------------------------------
+def kquant_scales(b: ir.IRBuilder, base: ir.Value, xd: ir.Value, xs: ir.Value, x0: ir.Value):
+    """A Q4_K/Q5_K superblock's 8 combined scales (d x scale x the block's activation scale; the odd
+    sub-blocks' divided by 16, as their codes are read as 16 x the high nibbles) as <8 x float>, and its
+    mins (dmin x min x activation scale x code sum) folded to the 4 lanes of the offset accumulator
+    (``xd``, ``xs``: float pointers; ``x0``: the superblock's first 32-value block)."""
+    d, dmin = load_half(b, base, 0), load_half(b, base, 2)
+    sc, mn = k_scales_mins(b, base)
+    xdv = load_f32x8(b, xd, x0)
+    scales = b.fmul(b.fmul(sc, splat(b, d, 8), flags=FAST), xdv, flags=FAST)
+    parity = const_vec(F32, [1.0, 1 / 16] * 4)
+    mins = b.fmul(b.fmul(mn, splat(b, dmin, 8), flags=FAST), xdv, flags=FAST)
+    return b.fmul(scales, parity, flags=FAST), _resize(b, b.fmul(mins, load_f32x8(b, xs, x0), flags=FAST), LANES)
+
+
 def _kquant_body(high_bits: bool):
     """Q4_K (``high_bits`` False) and Q5_K: chunk c's 32 bytes hold sub-block 2c in the low nibbles and
     2c + 1 in the high nibbles (plus, for Q5_K, bits 2c and 2c + 1 of the 32 qh bytes): each 8 bytes are
     widened once (vpmovzxbw), then masked to the low nibbles and to 16 x the high ones."""
     unit, qs_off = (176, 48) if high_bits else (144, 16)
-    parity = const_vec(F32, [1.0, 1 / 16] * 4)  # sub-blocks 2c + 1 are read as 16 x their values
 
     def words8(v: int) -> ir.Constant:
         return const_vec(I16, [v] * 8)
@@ -258,13 +271,9 @@ def _kquant_body(high_bits: bool):
             for off in range(0, unit, 64):
                 emit_prefetch(b, base, PREFETCH_AHEAD + off)
             x0 = b.mul(u, ir.Constant(I64, 8))
-            d, dmin = load_half(b, base, 0), load_half(b, base, 2)
-            sc, mn = k_scales_mins(b, base)
-            xd = r.vec8(r.xd, x0)
-            scales = b.fmul(b.fmul(sc, splat(b, d, 8), flags=FAST), xd, flags=FAST)
-            b.store(b.fmul(scales, parity, flags=FAST), stack)
-            mins = b.fmul(b.fmul(mn, splat(b, dmin, 8), flags=FAST), xd, flags=FAST)
-            r.sub(b.fmul(mins, r.vec8(r.xs, x0), flags=FAST))
+            scales, mins = kquant_scales(b, base, r.xd, r.xs, x0)
+            b.store(scales, stack)
+            r.sub(mins)
             scale = b.bitcast(stack, ptr(F32))
             for c in range(4):
                 lo, hi = [], []

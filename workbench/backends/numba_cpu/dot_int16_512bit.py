@@ -259,15 +259,23 @@ def make_dot_i16_wide(qtype: int):
     return dot
 
 
-KERNELS_ENV = "WORKBENCH_CPU_KERNELS"  # "wide" | "narrow" | unset: wide where the host has AVX-512BW
+KERNELS_ENV = "WORKBENCH_CPU_KERNELS"  # "wide" | "avx2" | "narrow" | unset: the widest kernels the host runs whole
+KERNEL_CHOICES = ("wide", "avx2", "narrow")
+
+
+def kernels_choice() -> str:
+    """``WORKBENCH_CPU_KERNELS`` ("" when unset): ``wide`` the 512-bit kernels, ``avx2`` the 256-bit ones
+    where a format has them (:mod:`.dot_int16_256bit`), ``narrow`` only the 128-bit ones."""
+    choice = os.environ.get(KERNELS_ENV, "").strip().lower()
+    if choice and choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNELS_ENV} must be one of {', '.join(KERNEL_CHOICES)}, got {choice!r}")
+    return choice
 
 
 def use_wide_kernels() -> bool:
     """Whether the decode matvecs use these kernels: on hosts whose LLVM features include AVX-512BW, unless
-    ``WORKBENCH_CPU_KERNELS=narrow`` (``=wide`` forces them: correct anywhere, slow without AVX-512)."""
-    choice = os.environ.get(KERNELS_ENV, "").strip().lower()
-    if choice in ("wide", "narrow"):
-        return choice == "wide"
+    ``WORKBENCH_CPU_KERNELS`` names another choice (``=wide`` forces them: correct anywhere, slow without AVX-512)."""
+    choice = kernels_choice()
     if choice:
-        raise ValueError(f"{KERNELS_ENV} must be 'wide' or 'narrow', got {choice!r}")
+        return choice == "wide"
     return "+avx512bw" in llvm.get_host_cpu_features().flatten().split(",")

@@ -6,7 +6,8 @@ whose kernel depends on the weight's layout (a GGUF block format, or a layout it
 ``(layout, kind)`` to the factory that builds it; the kinds are
 
 - ``i16``: one weight row . one activation row of int16 codes (block scales, code sums); 512-bit kernels
-  (``dot_int16_512bit``) on AVX-512BW hosts for the formats that have them, else 128-bit (``dot_int16_128bit``);
+  (``dot_int16_512bit``) on AVX-512BW hosts for the formats that have them, 256-bit ones (``dot_int16_256bit``,
+  the 128-bit kernels' bits) on other AVX2 hosts with full-width cores, else 128-bit (``dot_int16_128bit``);
 - ``i8``: the same with int8 codes, by ``vpdpbusd`` (``dot_int8_vnni``; AVX512-VNNI hosts);
 - ``f32``: one weight row . one exact float32 activation row (``simd.make_dot_f32``);
 - ``dequant``: the row as float32 values (``simd.make_dequant``);
@@ -31,6 +32,8 @@ from ...quant.formats import GGMLType
 from .dot_f32_rows8 import ROWS, make_dot_rows_f32
 from .dot_int8_vnni import make_dot_vnni
 from .dot_int16_128bit import make_dot_i16
+from .dot_int16_256bit import BODIES as AVX2_LAYOUTS
+from .dot_int16_256bit import make_dot_i16_256, use_256bit_kernels
 from .dot_int16_512bit import make_dot_i16_wide, use_wide_kernels
 from .dot_int16_interleaved import make_dot_r16
 from .dot_int16_rows8 import make_dot_rows_i16
@@ -46,7 +49,16 @@ LAYOUT_NAMES = {
 # AVX-512BW hosts: Q8_0, Q5_0, Q4_K, Q6_K_I8 rows in 512-bit operations; Q5_0_X4 (repacked on such hosts
 # only) has only a 512-bit kernel, which compiles and is correct anywhere
 WIDE = use_wide_kernels()
-_i16 = make_dot_i16_wide if WIDE else make_dot_i16
+# full-width AVX2 hosts: Q4_K rows in 256-bit operations (the 128-bit kernels' bits)
+AVX2 = use_256bit_kernels()
+
+
+def _i16(f: int) -> Callable:
+    if WIDE:
+        return make_dot_i16_wide(f)
+    return make_dot_i16_256(f) if AVX2 and f in AVX2_LAYOUTS else make_dot_i16(f)
+
+
 _BLOCK_LAYOUTS = (Q8_0, Q5_0, Q4_K, Q6_K_I8, Q5_0_X4, Q6_K, Q4_0, Q5_K)
 
 KERNELS: dict[tuple[int, str], Callable[[], Callable]] = {
