@@ -250,7 +250,8 @@ def kquant_scales(b: ir.IRBuilder, base: ir.Value, xd: ir.Value, xs: ir.Value, x
     scales = b.fmul(b.fmul(sc, splat(b, d, 8), flags=FAST), xdv, flags=FAST)
     parity = const_vec(F32, [1.0, 1 / 16] * 4)
     mins = b.fmul(b.fmul(mn, splat(b, dmin, 8), flags=FAST), xdv, flags=FAST)
-    return b.fmul(scales, parity, flags=FAST), _resize(b, b.fmul(mins, load_f32x8(b, xs, x0), flags=FAST), LANES)
+    mins = _resize(b, b.fmul(mins, load_f32x8(b, xs, x0), flags=FAST), LANES)
+    return b.fmul(scales, parity, flags=FAST), mins
 
 
 def _kquant_body(high_bits: bool):
