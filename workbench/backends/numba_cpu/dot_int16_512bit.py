@@ -259,7 +259,8 @@ def make_dot_i16_wide(qtype: int):
     return dot
 
 
-KERNELS_ENV = "WORKBENCH_CPU_KERNELS"  # "wide" | "avx2" | "narrow" | unset: the widest kernels the host runs whole
+# "wide" | "avx2" | "narrow" | unset: the widest kernels the host runs whole
+KERNELS_ENV = "WORKBENCH_CPU_KERNELS"
 KERNEL_CHOICES = ("wide", "avx2", "narrow")
 
 
