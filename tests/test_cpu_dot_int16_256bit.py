@@ -11,41 +11,54 @@ from hypothesis import strategies as st
 from workbench.backends.numba_cpu import dot_int16_256bit as avx2
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu.dot_int16_128bit import make_dot_i16
+from workbench.backends.numba_cpu.simd import Q6_K_I8
 from workbench.models.synth import random_blocks
 from workbench.numba_jit import numba
 from workbench.quant.dequant import dequantize
 from workbench.quant.formats import GGMLType
+from workbench.quant.repack import q6_k_to_i8
 
 Q4_K = int(GGMLType.Q4_K)
-NARROW, AVX2 = make_dot_i16(Q4_K), avx2.make_dot_i16_256(Q4_K)
 
 
-@numba.njit
-def _both(raw, n_units, xq, xd, xs, out):  # pragma: no cover - compiled
-    rb = raw.shape[1]
-    for n in range(raw.shape[0]):
-        a = raw.ctypes.data + n * rb
-        out[0, n] = NARROW(a, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, n_units)
-        out[1, n] = AVX2(a, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, n_units)
+def _both_kernel(layout: int):
+    narrow, avx2_dot = make_dot_i16(layout), avx2.make_dot_i16_256(layout)
+
+    @numba.njit
+    def both(raw, n_units, xq, xd, xs, out):  # pragma: no cover - compiled
+        rb = raw.shape[1]
+        for n in range(raw.shape[0]):
+            a = raw.ctypes.data + n * rb
+            out[0, n] = narrow(a, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, n_units)
+            out[1, n] = avx2_dot(a, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data, n_units)
+
+    return both
 
 
+# the GGUF type each layout comes from, and the layout's bytes from the GGUF rows
+LAYOUTS = {Q4_K: (GGMLType.Q4_K, lambda raw: raw), Q6_K_I8: (GGMLType.Q6_K, q6_k_to_i8)}
+BOTH = {f: _both_kernel(f) for f in LAYOUTS}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=["q4_k", "q6_k_i8"])
 @settings(max_examples=6, deadline=None)
 @given(rows=st.integers(1, 9), units=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
        spread=st.sampled_from([1e-3, 1.0, 1e3]))  # fmt: skip
-def test_q4_k_bits_equal_the_128_bit_kernel(rows, units, seed, spread):
+def test_bits_equal_the_128_bit_kernel(layout, rows, units, seed, spread):
+    qtype, repack = LAYOUTS[layout]
     rng = np.random.default_rng(seed)
     cols = 256 * units
-    raw = random_blocks(GGMLType.Q4_K, rows, cols, rng)
+    raw = random_blocks(qtype, rows, cols, rng)
     x = (rng.standard_normal((1, cols)) * spread).astype(np.float32)
     xq, xd = np.empty(x.shape, np.int16), np.empty((1, cols // 32), np.float32)
     xs = np.empty_like(xd)
     mv.quantize_rows_i16(x, 32767, xq, xd, xs)
     out = np.empty((2, rows), np.float32)
-    _both(raw, units, xq, xd, xs, out)
+    BOTH[layout](repack(raw), units, xq, xd, xs, out)
     assert np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32))
-    want = (x @ dequantize(raw, GGMLType.Q4_K).reshape(rows, cols).T)[0]
-    w_abs = np.abs(dequantize(raw, GGMLType.Q4_K)).reshape(rows, cols).sum(axis=1).max()
-    assert np.abs(out[1] - want).max() <= 2e-4 * (w_abs * np.abs(x).max() + 1e-6)  # and against the reference
+    w = dequantize(raw, qtype).reshape(rows, cols)
+    scale = np.abs(w).sum(axis=1).max() * np.abs(x).max() + 1e-6
+    assert np.abs(out[1] - (x @ w.T)[0]).max() <= 2e-4 * scale  # and against the reference
 
 
 @pytest.mark.parametrize(("env", "want"), [("avx2", True), ("wide", False), ("narrow", False)])

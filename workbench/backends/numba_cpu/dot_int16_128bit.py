@@ -297,6 +297,14 @@ def _kquant_body(high_bits: bool):
     return codegen
 
 
+def sixteen_scales(b: ir.IRBuilder, base: ir.Value, d_off: int, sc_off: int, xd: ir.Value, dup: ir.Constant):
+    """A Q6_K superblock's 16 combined scales as <16 x float>: d (fp16 at ``d_off``) x the int8 scale (16 at
+    ``sc_off``) x the activation scale of its 32-value block (``xd`` <8 x float>, lanes picked by ``dup``)."""
+    d = load_half(b, base, d_off)
+    sc = b.sitofp(b.sext(load_at(b, base, sc_off, vt(I8, 16)), vt(I32, 16)), vt(F32, 16))
+    return b.fmul(b.fmul(sc, splat(b, d, 16), flags=FAST), b.shuffle_vector(xd, xd, dup), flags=FAST)
+
+
 def _scaled_by_16(r: _Row, unit: int, d_off: int, sc_off: int, superblock) -> ir.Value:
     """The loop over 256-value superblocks of ``unit`` bytes whose every 16 values have an int8 scale (16 at
     ``sc_off``) under an fp16 ``d`` (at ``d_off``): Q6_K and Q6_K_I8. Per superblock the 16 scales times d
@@ -312,12 +320,7 @@ def _scaled_by_16(r: _Row, unit: int, d_off: int, sc_off: int, superblock) -> ir
         for off in range(0, unit, 64):
             emit_prefetch(b, base, PREFETCH_AHEAD + off)
         x0 = b.mul(u, ir.Constant(I64, 8))
-        d = load_half(b, base, d_off)
-        sc = b.sitofp(b.sext(load_at(b, base, sc_off, vt(I8, 16)), vt(I32, 16)), vt(F32, 16))
-        xd = r.vec8(r.xd, x0)
-        b.store(
-            b.fmul(b.fmul(sc, splat(b, d, 16), flags=FAST), b.shuffle_vector(xd, xd, dup), flags=FAST), stack
-        )
+        b.store(sixteen_scales(b, base, d_off, sc_off, r.vec8(r.xd, x0), dup), stack)
         superblock(base, x0, b.bitcast(stack, ptr(F32)))
     return r.result()
 

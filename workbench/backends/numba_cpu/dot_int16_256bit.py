@@ -24,9 +24,25 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...quant.formats import GGMLType
-from .dot_int16_128bit import PREFETCH_AHEAD, kquant_scales
+from ...quant.repack import Q6_K_I8_BYTES
+from .dot_int16_128bit import PREFETCH_AHEAD, kquant_scales, sixteen_scales
 from .dot_int16_512bit import kernels_choice, use_wide_kernels
-from .llvm_ir import F32, FAST, I8, I16, I32, I64, as_ptr, const_vec, emit_prefetch, hsum, load_at, vt
+from .llvm_ir import (
+    F32,
+    FAST,
+    I8,
+    I16,
+    I32,
+    I64,
+    as_ptr,
+    const_vec,
+    emit_prefetch,
+    hsum,
+    load_at,
+    load_f32x8,
+    vt,
+)
+from .simd import Q6_K_I8
 
 # LLVM cpu names of AVX2 cores that execute 256-bit operations as two 128-bit halves: the 128-bit kernels are
 # the faster ones there (docs/backend-cpu.md#128-bit-kernels)
@@ -63,46 +79,100 @@ def _fold_pair(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
     return b.add(first, second, flags=("nsw",))
 
 
+class _Row:
+    """One row's loop over its units: pointers, the 8-lane accumulator (the 128-bit code's two 4-lane ones
+    side by side) and, for formats with mins, their 4-lane accumulator."""
+
+    def __init__(self, b: ir.IRBuilder, args, mins: bool):
+        w_a, xq_a, xd_a, xs_a, self.n = args
+        self.b = b
+        self.w = as_ptr(b, w_a, I8)
+        self.xq = as_ptr(b, xq_a, vt(I16, 16))  # block k's words 16h .. 16h + 15 at vector 2k + h
+        self.xd, self.xs = as_ptr(b, xd_a, F32), as_ptr(b, xs_a, F32)
+        self.acc = cgutils.alloca_once_value(b, ir.Constant(vt(F32, 8), [0.0] * 8))
+        self.corr = cgutils.alloca_once_value(b, ir.Constant(vt(F32, 4), [0.0] * 4)) if mins else None
+
+    def x(self, x0: ir.Value, block: int, h: int) -> ir.Value:
+        """Words 16h .. 16h + 15 of block ``x0 + block``."""
+        b = self.b
+        idx = b.add(b.mul(x0, ir.Constant(I64, 2)), ir.Constant(I64, 2 * block + h))
+        return b.load(b.gep(self.xq, [idx]), align=2)
+
+    def add(self, lo: ir.Value, hi: ir.Value, scales: ir.Value, i: int, j: int) -> None:
+        """acc += float(lo's halves summed | hi's) x (scales[i] x 4 | scales[j] x 4): the 128-bit code's two
+        accumulations of ``i`` and ``j``, lane for lane."""
+        b = self.b
+        lanes = b.shuffle_vector(scales, scales, const_vec(I32, [i] * 4 + [j] * 4))
+        term = b.fmul(b.sitofp(_fold_pair(b, lo, hi), vt(F32, 8)), lanes, flags=FAST)
+        b.store(b.fadd(b.load(self.acc), term, flags=FAST), self.acc)
+
+    def units(self, unit_bytes: int, superblock) -> ir.Value:
+        """Run ``superblock(base, x0)`` over the row's 256-value units (prefetching as the 128-bit code does);
+        the row's result: the accumulator's halves added, minus the mins, summed."""
+        b = self.b
+        with cgutils.for_range(b, self.n) as loop:
+            base = b.gep(self.w, [b.mul(loop.index, ir.Constant(I64, unit_bytes))])
+            for off in range(0, unit_bytes, 64):
+                emit_prefetch(b, base, PREFETCH_AHEAD + off)
+            superblock(base, b.mul(loop.index, ir.Constant(I64, 8)))
+        a = b.load(self.acc)
+        total = b.fadd(
+            *(b.shuffle_vector(a, a, const_vec(I32, range(4 * i, 4 * i + 4))) for i in range(2)), flags=FAST
+        )
+        if self.corr is not None:
+            total = b.fsub(total, b.load(self.corr), flags=FAST)
+        return hsum(b, total)
+
+
 def _q4_k_row(b: ir.IRBuilder, args) -> ir.Value:
-    """One Q4_K row (144-byte superblocks) against int16 activations (16 words a vector: block k's words
-    16h .. 16h + 15 at vector 2k + h)."""
-    w_a, xq_a, xd_a, xs_a, n = args
-    w = as_ptr(b, w_a, I8)
-    xq = as_ptr(b, xq_a, vt(I16, 16))
-    xd, xs = as_ptr(b, xd_a, F32), as_ptr(b, xs_a, F32)
-    acc = cgutils.alloca_once_value(b, ir.Constant(vt(F32, 8), [0.0] * 8))
-    corr = cgutils.alloca_once_value(b, ir.Constant(vt(F32, 4), [0.0] * 4))
+    """Q4_K (144-byte superblocks): chunk c's 32 bytes, 16 at a time, widened and masked into sub-block 2c
+    (low nibbles) and 16 x sub-block 2c + 1 (high ones)."""
+    r = _Row(b, args, mins=True)
     low, high = const_vec(I16, [0x0F] * 16), const_vec(I16, [0xF0] * 16)
-    with cgutils.for_range(b, n) as loop:
-        base = b.gep(w, [b.mul(loop.index, ir.Constant(I64, 144))])
-        for off in range(0, 144, 64):
-            emit_prefetch(b, base, PREFETCH_AHEAD + off)
-        x0 = b.mul(loop.index, ir.Constant(I64, 8))
-        scales, mins = kquant_scales(b, base, xd, xs, x0)
-        b.store(b.fadd(b.load(corr), mins, flags=FAST), corr)
+
+    def superblock(base, x0):
+        scales, mins = kquant_scales(b, base, r.xd, r.xs, x0)
+        b.store(b.fadd(b.load(r.corr), mins, flags=FAST), r.corr)
         for c in range(4):
             sums = []
             for k, mask in enumerate((low, high)):
                 parts = []
                 for h in range(2):
                     words = b.zext(load_at(b, base, 16 + 32 * c + 16 * h, vt(I8, 16)), vt(I16, 16))
-                    idx = b.add(b.mul(x0, ir.Constant(I64, 2)), ir.Constant(I64, 2 * (2 * c + k) + h))
-                    parts.append(_madd16(b, b.and_(words, mask), b.load(b.gep(xq, [idx]), align=2)))
+                    parts.append(_madd16(b, b.and_(words, mask), r.x(x0, 2 * c + k, h)))
                 sums.append(b.add(parts[0], parts[1], flags=("nsw",)))
-            lanes = b.shuffle_vector(scales, scales, const_vec(I32, [2 * c] * 4 + [2 * c + 1] * 4))
-            term = b.fmul(b.sitofp(_fold_pair(b, *sums), vt(F32, 8)), lanes, flags=FAST)
-            b.store(b.fadd(b.load(acc), term, flags=FAST), acc)
-    a = b.load(acc)
-    halves = [b.shuffle_vector(a, a, const_vec(I32, range(4 * i, 4 * i + 4))) for i in range(2)]
-    return hsum(b, b.fsub(b.fadd(halves[0], halves[1], flags=FAST), b.load(corr), flags=FAST))
+            r.add(*sums, scales, 2 * c, 2 * c + 1)
+
+    return r.units(144, superblock)
 
 
-BODIES = {int(GGMLType.Q4_K): _q4_k_row}
+def _q6_k_i8_row(b: ir.IRBuilder, args) -> ir.Value:
+    """Q6_K_I8 (Q6_K repacked at load, :mod:`workbench.quant.repack`): block g's 32 int8 codes, 16 at a time,
+    widened (``vpmovsxbw ymm``); values 0-15 and 16-31 under their own 16-value scales (d x scale x the
+    block's activation scale, converted once per superblock)."""
+    r = _Row(b, args, mins=False)
+    dup = const_vec(I32, [i // 2 for i in range(16)])
+
+    def superblock(base, x0):
+        scales = sixteen_scales(b, base, 0, 2, load_f32x8(b, r.xd, x0), dup)
+        for g in range(8):
+            halves = [
+                _madd16(
+                    b, b.sext(load_at(b, base, 18 + 32 * g + 16 * h, vt(I8, 16)), vt(I16, 16)), r.x(x0, g, h)
+                )
+                for h in range(2)
+            ]
+            r.add(*halves, scales, 2 * g, 2 * g + 1)
+
+    return r.units(Q6_K_I8_BYTES, superblock)
+
+
+BODIES = {int(GGMLType.Q4_K): _q4_k_row, Q6_K_I8: _q6_k_i8_row}
 
 
 def make_dot_i16_256(qtype: int):
     """``dot(w_addr, xq_addr, xd_addr, xs_addr, n_units) -> float32`` (the signature and the bits of
-    :func:`.dot_int16_128bit.make_dot_i16`) for Q4_K rows, in 256-bit operations."""
+    :func:`.dot_int16_128bit.make_dot_i16`) for Q4_K and Q6_K_I8 rows, in 256-bit operations."""
     body = BODIES[qtype]
 
     @intrinsic

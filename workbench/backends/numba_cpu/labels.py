@@ -7,13 +7,17 @@ from threadpoolctl import ThreadpoolController
 
 from ...numba_jit import numba
 from . import matvec as mv
+from .kernel_table import AVX2
 
 
 def decode_kernels(vnni: bool, interleaved: bool) -> str:
-    """What the decode matvecs run: 512-bit or 128-bit int16 kernels, int8 ones by VNNI, rows interleaved."""
+    """What the decode matvecs run: 512-, 256- or 128-bit int16 kernels, int8 ones by VNNI, rows interleaved."""
     if vnni:
         return "512-bit, int8 activations by vpdpbusd (AVX512-VNNI host)"
-    wide = "512-bit (AVX-512BW host)" if mv.WIDE else "128-bit"
+    if mv.WIDE:
+        wide = "512-bit (AVX-512BW host)"
+    else:
+        wide = "256-bit for Q4_K and Q6_K_I8 rows (AVX2 host), else 128-bit" if AVX2 else "128-bit"
     if not interleaved:
         return wide
     return f"{wide}; Q8_0, Q5_0, Q4_K rows interleaved 16 at a time" + (" (vpdpwssd)" if mv.HAS_VNNI else "")
