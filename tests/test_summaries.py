@@ -216,6 +216,29 @@ def test_runs_of_dropped_changes_are_not_readme_rows(tmp_path):
     assert [e.run_id for e in S.readme_entries(tmp_path / "experiments")] == [run_a["run_id"]]
 
 
+def test_runs_with_kernels_forced_by_the_environment_are_not_readme_rows(tmp_path):
+    """A later run whose environment forced the kernels (WORKBENCH_CPU_KERNELS) is not at the defaults: its
+    summary says so and it does not replace the README's row."""
+    q = tmp_path / "experiments" / "q"
+    q.mkdir(parents=True)
+    (q / "notes.md").write_text("# Is it fast?\n")
+    run_a = {"schema": "workbench.run/1", "run_id": "20261125-100000-bench-00000000", "kind": "bench",
+             "created": "2026-11-25T10:00:00+0000", "how": "measured on cpu:EPYC (cpu)", "backend": "cpu",
+             "device": "cpu:EPYC", "command": ".venv/bin/workbench bench --backend cpu",
+             "model": {"name": "gemma3-270m", "params": 268098176}, "environment": _env(commit="b" * 40),
+             "results": _bench_results(700.0, 160.0)}  # fmt: skip
+    forced = dict(run_a, run_id="20261125-110000-bench-11111111", created="2026-11-25T11:00:00+0000",
+                  environment=_env(commit="b" * 40) | {"overrides": {"WORKBENCH_CPU_KERNELS": "narrow"}})  # fmt: skip
+    (q / "20261125-100000-bench-00000000.json").write_text(json.dumps(run_a))
+    (q / "20261125-110000-bench-11111111.json").write_text(json.dumps(forced))
+    entries = {e.run_id: e for e in S.load_entries(q)}
+    assert (
+        not entries[forced["run_id"]].default
+        and "WORKBENCH_CPU_KERNELS=narrow" in entries[forced["run_id"]].how
+    )
+    assert [e.run_id for e in S.readme_entries(tmp_path / "experiments")] == [run_a["run_id"]]
+
+
 def test_question_folder_records_load_with_workbench_runs(question):
     root, _, folder = question
     with warnings.catch_warnings():  # JSON that is not a record, and a sweep's folders, pass silently

@@ -298,6 +298,9 @@ def entry_of_record(rec: dict[str, Any], rel: str) -> Entry:
     if e.kind == "bench":
         _bench(e, res, rec)
         e.default = e.default and not config.get("backend_options") and "--tune" not in e.settings.split()
+        if env.get("overrides"):  # kernels forced by the environment (instrument.environment.OVERRIDES)
+            e.default = False
+            e.how += ", " + ", ".join(f"{k}={v}" for k, v in sorted(env["overrides"].items()))
     elif e.kind == "bench-batch":
         _batch(e, res)
     elif e.kind == "speculate":
@@ -451,7 +454,9 @@ def load_entries(folder: str | Path) -> list[Entry]:
                 outputs.append(e)
     ids = {e.run_id for e in records}
     entries = records + [e for e in outputs if not e.run_id or e.run_id not in ids] + _sweep_entries(folder)
-    for e in entries:  # a run of a change that was dropped (its files named dropped-*) is evidence, not a result
+    for (
+        e
+    ) in entries:  # a run of a change that was dropped (its files named dropped-*) is evidence, not a result
         e.default = e.default and not e.file.startswith(DROPPED)
     return sorted(entries, key=lambda e: (e.created, e.file))
 

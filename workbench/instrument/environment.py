@@ -84,6 +84,10 @@ def driver_of(backend) -> dict[str, Any] | None:
     return None
 
 
+# environment variables that change which kernels run: a record with any of them set is not at the defaults
+OVERRIDES = ("WORKBENCH_CPU_KERNELS",)
+
+
 def capture(backend=None, threads: int | None = None) -> dict[str, Any]:
     """A self-describing snapshot of where and with what a run happened: host and CPU (model, family,
     instruction sets), package versions, the git commit (and whether the checkout had uncommitted changes),
@@ -102,6 +106,7 @@ def capture(backend=None, threads: int | None = None) -> dict[str, Any]:
         "packages": {p: _version(p) for p in PACKAGES},
         "git": git_commit(),
         "numba_slp_vectorize": os.environ.get("NUMBA_SLP_VECTORIZE"),
+        "overrides": {v: os.environ[v] for v in OVERRIDES if os.environ.get(v)},
     }
     if backend is not None:
         dev = backend.device
