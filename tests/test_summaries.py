@@ -197,17 +197,23 @@ def test_entries_of_every_kind_of_file(question):
         S.replace_readme_table("no markers", table)
 
 
-def test_runs_of_dropped_changes_are_not_readme_rows(tmp_path):
-    """A later run at default settings whose file is named dropped-* (the change it measured was reverted)
-    stays in the folder's summary but does not replace the README's row."""
+def _question_with_a_cpu_run(tmp_path):
+    """A question folder (not yet holding it) and a cpu bench record at default settings."""
     q = tmp_path / "experiments" / "q"
     q.mkdir(parents=True)
     (q / "notes.md").write_text("# Is it fast?\n")
-    run_a = {"schema": "workbench.run/1", "run_id": "20261125-100000-bench-00000000", "kind": "bench",
-             "created": "2026-11-25T10:00:00+0000", "how": "measured on cpu:EPYC (cpu)", "backend": "cpu",
-             "device": "cpu:EPYC", "command": ".venv/bin/workbench bench --backend cpu",
-             "model": {"name": "gemma3-270m", "params": 268098176}, "environment": _env(commit="b" * 40),
-             "results": _bench_results(700.0, 160.0)}  # fmt: skip
+    run = {"schema": "workbench.run/1", "run_id": "20261125-100000-bench-00000000", "kind": "bench",
+           "created": "2026-11-25T10:00:00+0000", "how": "measured on cpu:EPYC (cpu)", "backend": "cpu",
+           "device": "cpu:EPYC", "command": ".venv/bin/workbench bench --backend cpu",
+           "model": {"name": "gemma3-270m", "params": 268098176}, "environment": _env(commit="b" * 40),
+           "results": _bench_results(700.0, 160.0)}  # fmt: skip
+    return q, run
+
+
+def test_runs_of_dropped_changes_are_not_readme_rows(tmp_path):
+    """A later run at default settings whose file is named dropped-* (the change it measured was reverted)
+    stays in the folder's summary but does not replace the README's row."""
+    q, run_a = _question_with_a_cpu_run(tmp_path)
     run_b = dict(run_a, run_id="20261125-110000-bench-11111111", created="2026-11-25T11:00:00+0000",
                  results=_bench_results(100.0, 20.0))  # fmt: skip
     (q / "20261125-100000-bench-00000000.json").write_text(json.dumps(run_a))
@@ -219,14 +225,7 @@ def test_runs_of_dropped_changes_are_not_readme_rows(tmp_path):
 def test_runs_with_kernels_forced_by_the_environment_are_not_readme_rows(tmp_path):
     """A later run whose environment forced the kernels (WORKBENCH_CPU_KERNELS) is not at the defaults: its
     summary says so and it does not replace the README's row."""
-    q = tmp_path / "experiments" / "q"
-    q.mkdir(parents=True)
-    (q / "notes.md").write_text("# Is it fast?\n")
-    run_a = {"schema": "workbench.run/1", "run_id": "20261125-100000-bench-00000000", "kind": "bench",
-             "created": "2026-11-25T10:00:00+0000", "how": "measured on cpu:EPYC (cpu)", "backend": "cpu",
-             "device": "cpu:EPYC", "command": ".venv/bin/workbench bench --backend cpu",
-             "model": {"name": "gemma3-270m", "params": 268098176}, "environment": _env(commit="b" * 40),
-             "results": _bench_results(700.0, 160.0)}  # fmt: skip
+    q, run_a = _question_with_a_cpu_run(tmp_path)
     forced = dict(run_a, run_id="20261125-110000-bench-11111111", created="2026-11-25T11:00:00+0000",
                   environment=_env(commit="b" * 40) | {"overrides": {"WORKBENCH_CPU_KERNELS": "narrow"}})  # fmt: skip
     (q / "20261125-100000-bench-00000000.json").write_text(json.dumps(run_a))
