@@ -240,10 +240,8 @@ def _one_scale_body(qtype: GGMLType):
 
 # -- k-quants: 256-value superblocks -------------------------------------------------------------------
 def kquant_scales(b: ir.IRBuilder, base: ir.Value, xd: ir.Value, xs: ir.Value, x0: ir.Value):
-    """A Q4_K/Q5_K superblock's 8 combined scales (d x scale x the block's activation scale; the odd
-    sub-blocks' divided by 16, as their codes are read as 16 x the high nibbles) as <8 x float>, and its
-    mins (dmin x min x activation scale x code sum) folded to the 4 lanes of the offset accumulator
-    (``xd``, ``xs``: float pointers; ``x0``: the superblock's first 32-value block)."""
+    """A Q4_K/Q5_K superblock's 8 scales (d x scale x activation scale; odd sub-blocks / 16, read as 16 x the
+    high nibbles) as <8 x float>, and its mins (dmin x min x activation scale x code sum) in 4 lanes."""
     d, dmin = load_half(b, base, 0), load_half(b, base, 2)
     sc, mn = k_scales_mins(b, base)
     xdv = load_f32x8(b, xd, x0)

@@ -4,13 +4,16 @@ On AVX2 cores with 256-bit datapaths (every Intel AVX2 core, AMD Zen 2 and later
 word pairs. These kernels compute the same integers as the 128-bit ones and then the same float
 operations, lane for lane, so a row's result has the same bits:
 
-* 16 weight bytes are widened at once (``vpmovzxbw ymm``) and masked into the low nibbles and 16 x the high
-  ones; each product gives the pair sums of two 8-value groups (lanes 0-3 and 4-7), and adding the two
+* Q4_K: 16 weight bytes are widened at once (``vpmovzxbw ymm``) and masked into the low nibbles and 16 x the
+  high ones; each product gives the pair sums of two 8-value groups (lanes 0-3 and 4-7), and adding the two
   halves of the sum of a block's two such products gives exactly the 4 integer lanes the 128-bit code sums
-  from its four 8-value groups (integer sums do not depend on their order);
-* a chunk's two sub-blocks (2c in the low nibbles, 2c + 1 in the high ones) share one ``<8 x i32>``
-  (sub-block 2c in lanes 0-3, 2c + 1 in lanes 4-7), converted by one ``vcvtdq2ps ymm`` and added by one FMA
-  into an 8-lane accumulator whose halves are the 128-bit code's two 4-lane accumulators.
+  from its four 8-value groups (integer sums do not depend on their order); a chunk's two sub-blocks (2c in
+  the low nibbles, 2c + 1 in the high ones) share one ``<8 x i32>`` (lanes 0-3 and 4-7), converted by one
+  ``vcvtdq2ps ymm`` and added by one FMA into an 8-lane accumulator whose halves are the 128-bit code's two
+  4-lane accumulators;
+* Q6_K_I8: a block's 32 int8 codes, 16 at a time (``vpmovsxbw ymm``); the halves of each product are the
+  128-bit code's sums of values 0-15 and 16-31, which go, under their two scales, into the same 8-lane
+  accumulator.
 
 Figures against the 128-bit kernels: docs/backend-cpu.md#256-bit-kernels.
 """

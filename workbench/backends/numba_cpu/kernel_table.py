@@ -49,11 +49,12 @@ LAYOUT_NAMES = {
 # AVX-512BW hosts: Q8_0, Q5_0, Q4_K, Q6_K_I8 rows in 512-bit operations; Q5_0_X4 (repacked on such hosts
 # only) has only a 512-bit kernel, which compiles and is correct anywhere
 WIDE = use_wide_kernels()
-# full-width AVX2 hosts: Q4_K rows in 256-bit operations (the 128-bit kernels' bits)
+# full-width AVX2 hosts: Q4_K and Q6_K_I8 rows in 256-bit operations (the 128-bit kernels' bits)
 AVX2 = use_256bit_kernels()
 
 
 def _i16(f: int) -> Callable:
+    """The int16 kernel of layout ``f`` on this host: 512-bit, 256-bit where the layout has one, or 128-bit."""
     if WIDE:
         return make_dot_i16_wide(f)
     return make_dot_i16_256(f) if AVX2 and f in AVX2_LAYOUTS else make_dot_i16(f)
