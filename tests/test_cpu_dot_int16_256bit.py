@@ -12,6 +12,7 @@ from workbench.backends.numba_cpu import dot_int16_256bit as avx2
 from workbench.backends.numba_cpu import matvec as mv
 from workbench.backends.numba_cpu.dot_int16_128bit import make_dot_i16
 from workbench.backends.numba_cpu.simd import Q6_K_I8
+from workbench.instrument import environment
 from workbench.models.synth import random_blocks
 from workbench.numba_jit import numba
 from workbench.quant.dequant import dequantize
@@ -72,3 +73,16 @@ def test_half_width_cores_keep_the_128_bit_kernels(monkeypatch):
     monkeypatch.setattr(avx2.llvm, "get_host_cpu_name", lambda: "znver1")
     assert not avx2.host_has_full_avx2()
     assert not avx2.use_256bit_kernels()
+
+
+def test_a_bad_kernel_choice_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "avx9")
+    with pytest.raises(ValueError, match="WORKBENCH_CPU_KERNELS must be one of wide, avx2, narrow"):
+        avx2.use_256bit_kernels()
+
+
+def test_records_name_the_override_as_the_code_reads_it(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", " Narrow ")
+    assert environment.overrides() == {"WORKBENCH_CPU_KERNELS": "narrow"}
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", " ")
+    assert environment.overrides() == {}

@@ -298,7 +298,7 @@ def entry_of_record(rec: dict[str, Any], rel: str) -> Entry:
     if e.kind == "bench":
         _bench(e, res, rec)
         e.default = e.default and not config.get("backend_options") and "--tune" not in e.settings.split()
-        if env.get("overrides"):  # kernels forced by the environment (instrument.environment.OVERRIDES)
+        if env.get("overrides") and e.backend == "cpu":  # cpu kernels forced (instrument.environment.OVERRIDES)
             e.default = False
             e.how += ", " + ", ".join(f"{k}={v}" for k, v in sorted(env["overrides"].items()))
     elif e.kind == "bench-batch":
@@ -454,9 +454,8 @@ def load_entries(folder: str | Path) -> list[Entry]:
                 outputs.append(e)
     ids = {e.run_id for e in records}
     entries = records + [e for e in outputs if not e.run_id or e.run_id not in ids] + _sweep_entries(folder)
-    for (
-        e
-    ) in entries:  # a run of a change that was dropped (its files named dropped-*) is evidence, not a result
+    # a run of a change that was dropped (its files named dropped-*) is evidence, not a result
+    for e in entries:
         e.default = e.default and not e.file.startswith(DROPPED)
     return sorted(entries, key=lambda e: (e.created, e.file))
 
@@ -630,7 +629,8 @@ def _rank(e: Entry) -> tuple:
 def readme_entries(root: str | Path | None = None) -> list[Entry]:
     """The latest ``bench`` run at default settings for each backend x model, over every question folder;
     a run compared with llama.cpp before one that was not (the table's ratio column). Runs of dropped
-    changes (files named ``dropped-*``) are not taken: the code they measured is gone."""
+    changes (files named ``dropped-*``) are not taken: the code they measured is gone; nor are runs whose
+    environment forced the kernels (``environment.overrides``)."""
     best: dict[tuple[str, str], tuple[Entry, str]] = {}
     for folder in question_folders(root):
         for e in load_entries(folder):

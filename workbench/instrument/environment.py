@@ -84,8 +84,15 @@ def driver_of(backend) -> dict[str, Any] | None:
     return None
 
 
-# environment variables that change which kernels run: a record with any of them set is not at the defaults
+# environment variables that change which kernels run (the cpu backend's): a cpu record with any of them set
+# is not at the defaults
 OVERRIDES = ("WORKBENCH_CPU_KERNELS",)
+
+
+def overrides() -> dict[str, str]:
+    """The :data:`OVERRIDES` set in this process, as the code reads them (stripped, lower case)."""
+    out = {v: os.environ.get(v, "").strip().lower() for v in OVERRIDES}
+    return {k: v for k, v in out.items() if v}
 
 
 def capture(backend=None, threads: int | None = None) -> dict[str, Any]:
@@ -106,7 +113,7 @@ def capture(backend=None, threads: int | None = None) -> dict[str, Any]:
         "packages": {p: _version(p) for p in PACKAGES},
         "git": git_commit(),
         "numba_slp_vectorize": os.environ.get("NUMBA_SLP_VECTORIZE"),
-        "overrides": {v: os.environ[v] for v in OVERRIDES if os.environ.get(v)},
+        "overrides": overrides(),
     }
     if backend is not None:
         dev = backend.device

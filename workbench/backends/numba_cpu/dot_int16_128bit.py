@@ -7,7 +7,8 @@ once and FMA'd with the block's combined scale (weight scale x activation scale)
 kept across the row; one horizontal sum per row.
 
 All vectors are 128 bits wide: on cores that split 256-bit operations in two (AVX2 with 128-bit
-datapaths) that is faster than 256-bit code, and int16 activations, the more accurate ones, cost no more
+datapaths) that is faster than 256-bit code (full-width AVX2 cores run Q4_K and Q6_K_I8 rows by
+:mod:`.dot_int16_256bit`, with these kernels' bits), and int16 activations, the more accurate ones, cost no more
 than llama.cpp's int8 ``vpmaddubsw`` form (figures: docs/backend-cpu.md#128-bit-kernels). Tricks that save
 operations:
 
@@ -239,7 +240,9 @@ def _one_scale_body(qtype: GGMLType):
 
 
 # -- k-quants: 256-value superblocks -------------------------------------------------------------------
-def kquant_scales(b: ir.IRBuilder, base: ir.Value, xd: ir.Value, xs: ir.Value, x0: ir.Value):
+def kquant_scales(
+    b: ir.IRBuilder, base: ir.Value, xd: ir.Value, xs: ir.Value, x0: ir.Value
+) -> tuple[ir.Value, ir.Value]:
     """A Q4_K/Q5_K superblock's 8 scales (d x scale x activation scale; odd sub-blocks / 16, read as 16 x the
     high nibbles) as <8 x float>, and its mins (dmin x min x activation scale x code sum) in 4 lanes."""
     d, dmin = load_half(b, base, 0), load_half(b, base, 2)
@@ -295,7 +298,9 @@ def _kquant_body(high_bits: bool):
     return codegen
 
 
-def sixteen_scales(b: ir.IRBuilder, base: ir.Value, d_off: int, sc_off: int, xd: ir.Value, dup: ir.Constant):
+def sixteen_scales(
+    b: ir.IRBuilder, base: ir.Value, d_off: int, sc_off: int, xd: ir.Value, dup: ir.Constant
+) -> ir.Value:
     """A Q6_K superblock's 16 combined scales as <16 x float>: d (fp16 at ``d_off``) x the int8 scale (16 at
     ``sc_off``) x the activation scale of its 32-value block (``xd`` <8 x float>, lanes picked by ``dup``)."""
     d = load_half(b, base, d_off)

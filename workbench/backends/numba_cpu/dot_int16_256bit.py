@@ -1,6 +1,6 @@
 """Decode dot products with int16 activations in 256-bit operations, bit-identical to :mod:`.dot_int16_128bit`.
 
-On AVX2 cores with 256-bit datapaths (every Intel AVX2 core, AMD Zen 2 and later) one ``vpmaddwd`` takes 16
+On AVX2 cores with 256-bit datapaths (Intel's big cores, AMD Zen 2 and later) one ``vpmaddwd`` takes 16
 word pairs. These kernels compute the same integers as the 128-bit ones and then the same float
 operations, lane for lane, so a row's result has the same bits:
 
@@ -19,6 +19,8 @@ Figures against the 128-bit kernels: docs/backend-cpu.md#256-bit-kernels.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 from llvmlite import binding as llvm
 from llvmlite import ir
@@ -49,7 +51,16 @@ from .simd import Q6_K_I8
 
 # LLVM cpu names of AVX2 cores that execute 256-bit operations as two 128-bit halves: the 128-bit kernels are
 # the faster ones there (docs/backend-cpu.md#128-bit-kernels)
-HALF_WIDTH_CORES = ("znver1", "bdver4", "bdver3", "bdver2", "bdver1")
+HALF_WIDTH_CORES = (
+    "znver1",
+    "bdver4",
+    "bdver3",
+    "bdver2",
+    "bdver1",
+    "gracemont",
+    "sierraforest",
+    "grandridge",
+)
 
 
 def host_has_full_avx2() -> bool:
@@ -86,7 +97,7 @@ class _Row:
     """One row's loop over its units: pointers, the 8-lane accumulator (the 128-bit code's two 4-lane ones
     side by side) and, for formats with mins, their 4-lane accumulator."""
 
-    def __init__(self, b: ir.IRBuilder, args, mins: bool):
+    def __init__(self, b: ir.IRBuilder, args: Sequence[ir.Value], mins: bool):
         w_a, xq_a, xd_a, xs_a, self.n = args
         self.b = b
         self.w = as_ptr(b, w_a, I8)
@@ -109,7 +120,7 @@ class _Row:
         term = b.fmul(b.sitofp(_fold_pair(b, lo, hi), vt(F32, 8)), lanes, flags=FAST)
         b.store(b.fadd(b.load(self.acc), term, flags=FAST), self.acc)
 
-    def units(self, unit_bytes: int, superblock) -> ir.Value:
+    def units(self, unit_bytes: int, superblock: Callable[[ir.Value, ir.Value], None]) -> ir.Value:
         """Run ``superblock(base, x0)`` over the row's 256-value units (prefetching as the 128-bit code does);
         the row's result: the accumulator's halves added, minus the mins, summed."""
         b = self.b
@@ -127,7 +138,7 @@ class _Row:
         return hsum(b, total)
 
 
-def _q4_k_row(b: ir.IRBuilder, args) -> ir.Value:
+def _q4_k_row(b: ir.IRBuilder, args: Sequence[ir.Value]) -> ir.Value:
     """Q4_K (144-byte superblocks): chunk c's 32 bytes, 16 at a time, widened and masked into sub-block 2c
     (low nibbles) and 16 x sub-block 2c + 1 (high ones)."""
     r = _Row(b, args, mins=True)
@@ -149,7 +160,7 @@ def _q4_k_row(b: ir.IRBuilder, args) -> ir.Value:
     return r.units(144, superblock)
 
 
-def _q6_k_i8_row(b: ir.IRBuilder, args) -> ir.Value:
+def _q6_k_i8_row(b: ir.IRBuilder, args: Sequence[ir.Value]) -> ir.Value:
     """Q6_K_I8 (Q6_K repacked at load, :mod:`workbench.quant.repack`): block g's 32 int8 codes, 16 at a time,
     widened (``vpmovsxbw ymm``); values 0-15 and 16-31 under their own 16-value scales (d x scale x the
     block's activation scale, converted once per superblock)."""
@@ -173,7 +184,7 @@ def _q6_k_i8_row(b: ir.IRBuilder, args) -> ir.Value:
 BODIES = {int(GGMLType.Q4_K): _q4_k_row, Q6_K_I8: _q6_k_i8_row}
 
 
-def make_dot_i16_256(qtype: int):
+def make_dot_i16_256(qtype: int) -> Callable:
     """``dot(w_addr, xq_addr, xd_addr, xs_addr, n_units) -> float32`` (the signature and the bits of
     :func:`.dot_int16_128bit.make_dot_i16`) for Q4_K and Q6_K_I8 rows, in 256-bit operations."""
     body = BODIES[qtype]

@@ -17,7 +17,7 @@ def decode_kernels(vnni: bool, interleaved: bool) -> str:
     if mv.WIDE:
         wide = "512-bit (AVX-512BW host)"
     else:
-        wide = "256-bit for Q4_K and Q6_K_I8 rows (AVX2 host), else 128-bit" if AVX2 else "128-bit"
+        wide = "256-bit for Q4_K and Q6_K_I8 rows, else 128-bit" if AVX2 else "128-bit"
     if not interleaved:
         return wide
     return f"{wide}; Q8_0, Q5_0, Q4_K rows interleaved 16 at a time" + (" (vpdpwssd)" if mv.HAS_VNNI else "")
