@@ -129,9 +129,10 @@ class LlamaServerRunner:
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
                 # killed by a signal: name it (SIGILL: e.g. a build with AVX-512 or AMX kernels on a CPU without)
-                why = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in signal.valid_signals() else ""
                 if rc == -signal.SIGILL:
                     why = " (SIGILL: this llama.cpp build uses instructions this CPU cannot run)"
+                else:
+                    why = f" ({signal.Signals(-rc).name})" if rc < 0 and -rc in signal.valid_signals() else ""
                 raise LlamaBinaryUnavailable(
                     f"llama-server exited with code {rc}{why} while starting ({' '.join(self.args)}):\n{self.log_tail()}"
                 )

@@ -46,6 +46,7 @@ from .llvm_ir import (
     load_at,
     load_f32x8,
     load_half,
+    pmaddwd,
     ptr,
     splat,
     vt,
@@ -63,14 +64,6 @@ def _bytes(v: int, n: int = 16) -> ir.Constant:
 
 def _wide(b: ir.IRBuilder, v: ir.Value, signed: bool) -> ir.Value:
     return (b.sext if signed else b.zext)(v, vt(I16, 8))
-
-
-def _madd(b: ir.IRBuilder, w: ir.Value, x: ir.Value) -> ir.Value:
-    """<4 x i32> pair sums of two <8 x i16> products (lowered to vpmaddwd)."""
-    m = b.mul(b.sext(w, vt(I32, 8)), b.sext(x, vt(I32, 8)), flags=("nsw",))
-    even = b.shuffle_vector(m, m, const_vec(I32, range(0, 8, 2)))
-    odd = b.shuffle_vector(m, m, const_vec(I32, range(1, 8, 2)))
-    return b.add(even, odd, flags=("nsw",))
 
 
 def _sum(b: ir.IRBuilder, vals: list[ir.Value]) -> ir.Value:
@@ -147,7 +140,7 @@ def _q8_0_block(r: _Row, base, u) -> ir.Value:
     form where 256-bit operations are split in two)."""
     b = r.b
     return _sum(
-        b, [_madd(b, _wide(b, load_at(b, base, 2 + 8 * i, vt(I8, 8)), True), r.x(u, i)) for i in range(4)]
+        b, [pmaddwd(b, _wide(b, load_at(b, base, 2 + 8 * i, vt(I8, 8)), True), r.x(u, i)) for i in range(4)]
     )
 
 
@@ -158,8 +151,8 @@ def _q4_0_block(r: _Row, base, u) -> ir.Value:
     lo, hi = [], []
     for i in range(2):
         w = _wide(b, load_at(b, base, 2 + 8 * i, vt(I8, 8)), False)
-        lo.append(_madd(b, b.and_(w, const_vec(I16, [0x0F] * 8)), r.x(u, i)))
-        hi.append(_madd(b, b.and_(w, const_vec(I16, [0xF0] * 8)), r.x(u, 2 + i)))
+        lo.append(pmaddwd(b, b.and_(w, const_vec(I16, [0x0F] * 8)), r.x(u, i)))
+        hi.append(pmaddwd(b, b.and_(w, const_vec(I16, [0xF0] * 8)), r.x(u, 2 + i)))
     return b.add(b.shl(_sum(b, lo), const_vec(I32, [4] * 4)), _sum(b, hi), flags=("nsw",))
 
 
@@ -178,7 +171,7 @@ def _q5_0_block(r: _Row, base, u) -> ir.Value:
         for k in range(2):  # bytes 0-7 / 8-15 of the half as words
             sel = [i for j in range(8 * k, 8 * k + 8) for i in (j, 16 + j)]
             w = b.bitcast(b.shuffle_vector(nib, clear, const_vec(I32, sel)), vt(I16, 8))
-            parts.append(_madd(b, w, r.x(u, 2 * half + k)))
+            parts.append(pmaddwd(b, w, r.x(u, 2 * half + k)))
     return _sum(b, parts)
 
 
@@ -289,8 +282,8 @@ def _kquant_body(high_bits: bool):
                             set_ = b.icmp_unsigned("!=", b.and_(qh, words8(bit)), words8(0))
                             term = b.select(set_, words8(add), words8(0))
                             lw, hw = (b.or_(lw, term), hw) if add == 16 else (lw, b.add(hw, term))
-                    lo.append(_madd(b, lw, r.x(blk[0], i)))
-                    hi.append(_madd(b, hw, r.x(blk[1], i)))
+                    lo.append(pmaddwd(b, lw, r.x(blk[0], i)))
+                    hi.append(pmaddwd(b, hw, r.x(blk[1], i)))
                 for k, parts in enumerate((lo, hi)):
                     r.add(k, _sum(b, parts), b.load(b.gep(scale, [ir.Constant(I64, 2 * c + k)])))
         return r.result()
@@ -351,7 +344,7 @@ def _q6_k_body(r: _Row) -> ir.Value:
                     g = 4 * h + k
                     blk = b.add(x0, ir.Constant(I64, g))
                     parts = [
-                        _madd(b, _wide(b, b.shuffle_vector(v, v, const_vec(I32, range(8 * q, 8 * q + 8))), True),
+                        pmaddwd(b, _wide(b, b.shuffle_vector(v, v, const_vec(I32, range(8 * q, 8 * q + 8))), True),
                                r.x(blk, 2 * half + q))
                         for q in range(2)
                     ]  # fmt: skip
@@ -370,7 +363,7 @@ def _q6_k_i8_body(r: _Row) -> ir.Value:
     def superblock(base, x0, scale):
         for g in range(8):
             blk = b.add(x0, ir.Constant(I64, g))
-            parts = [_madd(b, _wide(b, load_at(b, base, 18 + 32 * g + 8 * q, vt(I8, 8)), True), r.x(blk, q))
+            parts = [pmaddwd(b, _wide(b, load_at(b, base, 18 + 32 * g + 8 * q, vt(I8, 8)), True), r.x(blk, q))
                      for q in range(4)]  # fmt: skip
             for half in range(2):
                 s = b.load(b.gep(scale, [ir.Constant(I64, 2 * g + half)]))

@@ -45,6 +45,7 @@ from .llvm_ir import (
     hsum,
     load_at,
     load_f32x8,
+    pmaddwd,
     vt,
 )
 from .simd import Q6_K_I8
@@ -76,14 +77,6 @@ def use_256bit_kernels() -> bool:
     if choice:
         return choice == "avx2"
     return host_has_full_avx2() and not use_wide_kernels()
-
-
-def _madd16(b: ir.IRBuilder, w: ir.Value, x: ir.Value) -> ir.Value:
-    """<8 x i32> pair sums of two <16 x i16> products (lowered to ``vpmaddwd ymm``)."""
-    m = b.mul(b.sext(w, vt(I32, 16)), b.sext(x, vt(I32, 16)), flags=("nsw",))
-    even = b.shuffle_vector(m, m, const_vec(I32, range(0, 16, 2)))
-    odd = b.shuffle_vector(m, m, const_vec(I32, range(1, 16, 2)))
-    return b.add(even, odd, flags=("nsw",))
 
 
 def _fold_pair(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
@@ -153,7 +146,7 @@ def _q4_k_row(b: ir.IRBuilder, args: Sequence[ir.Value]) -> ir.Value:
                 parts = []
                 for h in range(2):
                     words = b.zext(load_at(b, base, 16 + 32 * c + 16 * h, vt(I8, 16)), vt(I16, 16))
-                    parts.append(_madd16(b, b.and_(words, mask), r.x(x0, 2 * c + k, h)))
+                    parts.append(pmaddwd(b, b.and_(words, mask), r.x(x0, 2 * c + k, h)))
                 sums.append(b.add(parts[0], parts[1], flags=("nsw",)))
             r.add(*sums, scales, 2 * c, 2 * c + 1)
 
@@ -171,7 +164,7 @@ def _q6_k_i8_row(b: ir.IRBuilder, args: Sequence[ir.Value]) -> ir.Value:
         scales = sixteen_scales(b, base, 0, 2, load_f32x8(b, r.xd, x0), dup)
         for g in range(8):
             halves = [
-                _madd16(
+                pmaddwd(
                     b, b.sext(load_at(b, base, 18 + 32 * g + 16 * h, vt(I8, 16)), vt(I16, 16)), r.x(x0, g, h)
                 )
                 for h in range(2)

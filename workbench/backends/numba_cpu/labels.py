@@ -7,14 +7,14 @@ from threadpoolctl import ThreadpoolController
 
 from ...numba_jit import numba
 from . import matvec as mv
-from .kernel_table import AVX2
+from .kernel_table import AVX2, WIDE
 
 
 def decode_kernels(vnni: bool, interleaved: bool) -> str:
     """What the decode matvecs run: 512-, 256- or 128-bit int16 kernels, int8 ones by VNNI, rows interleaved."""
     if vnni:
         return "512-bit, int8 activations by vpdpbusd (AVX512-VNNI host)"
-    if mv.WIDE:
+    if WIDE:
         wide = "512-bit (AVX-512BW host)"
     else:
         wide = "256-bit for Q4_K and Q6_K_I8 rows, else 128-bit" if AVX2 else "128-bit"

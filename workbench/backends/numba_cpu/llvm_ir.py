@@ -94,10 +94,11 @@ def hsum(b, v: ir.Value) -> ir.Value:
 
 
 def pmaddwd(b, a: ir.Value, x: ir.Value) -> ir.Value:
-    """Pairwise sums of products of two <32 x i16>: <16 x i32> (lowered to vpmaddwd)."""
-    m = b.mul(b.sext(a, vt(I32, 32)), b.sext(x, vt(I32, 32)), flags=("nsw",))
-    even = b.shuffle_vector(m, m, const_vec(I32, range(0, 32, 2)))
-    odd = b.shuffle_vector(m, m, const_vec(I32, range(1, 32, 2)))
+    """Pairwise sums of products of two <n x i16>: <n/2 x i32> (lowered to vpmaddwd of n x 16 bits)."""
+    n = a.type.count
+    m = b.mul(b.sext(a, vt(I32, n)), b.sext(x, vt(I32, n)), flags=("nsw",))
+    even = b.shuffle_vector(m, m, const_vec(I32, range(0, n, 2)))
+    odd = b.shuffle_vector(m, m, const_vec(I32, range(1, n, 2)))
     return b.add(even, odd, flags=("nsw",))
 
 
