@@ -46,6 +46,7 @@ from .handlers import HANDLERS
 from .weights import CpuWeight
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
+PREFILL_GEMM = ("auto", "int8", "float")
 
 
 class CpuBackend(Backend):
@@ -67,6 +68,7 @@ class CpuBackend(Backend):
         "decode_shards",
         "shard_copy_mib",
         "sparse_skip",
+        "prefill_gemm",
     )
 
     def __init__(
@@ -87,6 +89,7 @@ class CpuBackend(Backend):
         decode_shards: int | None = None,
         shard_copy_mib: int = 1024,
         sparse_skip: bool = True,
+        prefill_gemm: str = "auto",
         tune: str | None = None,
     ):
         super().__init__(model, threads, tune)
@@ -150,6 +153,15 @@ class CpuBackend(Backend):
         self.sparse_skip = self.tunable("sparse_skip", sparse_skip)
         self.topk_units = np.zeros(2, np.int64)  # units the skipping path computed, units it ranked
         self.topk_down: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ffn_down transposed (gemma3n.py)
+        # Prefill's Q4_K and Q6_K_I8 projections: "float" dequantizes the weights and multiplies the exact
+        # activations by BLAS; "int8" quantizes the activations per 256 values (llama.cpp's Q8_K) and
+        # multiplies integers (gemm_kquant_int8.py, ~1.6x the float path's rate on AVX2 and no float copies);
+        # "auto": int8 where the model's float32 weights would not fit dense_cache_mib (the float path then
+        # dequantizes every weight on every prompt), else float, so small models keep exact activations
+        # (figures: docs/backend-cpu.md#int8-prefill-gemm)
+        self.prefill_gemm = self.tunable("prefill_gemm", prefill_gemm)
+        if self.prefill_gemm not in PREFILL_GEMM:
+            raise ValueError(f"prefill_gemm must be one of {list(PREFILL_GEMM)}, got {self.prefill_gemm!r}")
         if self.batch_min_rows < 1 or self.batch_rows < 0:
             raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")
         self.small_rows = max(gemv_max_rows, self.batch_rows)  # steps up to this many rows avoid BLAS
@@ -178,6 +190,8 @@ class CpuBackend(Backend):
         self.small: dict[str, np.ndarray] = {}  # Gemma 3n's routers, coefficients and scales, float32
         with CompileProgress():  # repacking and the warm-up compile every kernel the model needs
             self._prepare()
+            if self.prefill_gemm == "auto":
+                self.prefill_gemm = "int8" if self._float_bytes() > self.dense_budget else "float"
             widest = max((w.cols for w in self.weights.values() if w.fmt in mv.QUANT_FMTS), default=32)
             self.xq = mv.act_codes(1, widest, self.vnni)  # activation scratch of the step programs
             self.xd = np.zeros((1, widest // 32), np.float32)
@@ -210,6 +224,17 @@ class CpuBackend(Backend):
                                                       stored=name in embed_only)  # fmt: skip
         for op in topk:
             g3.down_store(self, op.attrs["parts"][5].weights[0])
+
+    def _float_bytes(self) -> int:
+        """Bytes of the float32 copies of the quantized weights prefill multiplies (prefill's float path): all
+        but the token embedding and the LM head, which a prefill applies to its last row only."""
+        graph = self.model.graph(1)
+        skip = {n for op in graph.ops if op.kind == "embed" or op.name == "lm_head" for n in op.weights}
+        return sum(
+            4 * w.rows * w.cols
+            for name, w in self.weights.items()
+            if isinstance(w, CpuWeight) and w.fmt >= 0 and name not in skip
+        )
 
     def _native(self, name: str, interleave: bool = True, qt=None, stored: bool = False) -> CpuWeight:
         """The weight ``name`` (or the tensor ``qt`` under that name) in the layout the kernels read
@@ -248,6 +273,7 @@ class CpuBackend(Backend):
                 "decode_shards": self._shards_label(),
                 "decode_program": self._program_label(),
                 "sparse_skip": self.sparse_skip,
+                "prefill_gemm": labels.prefill_gemm(self.prefill_gemm),
                 "decode_kernels": labels.decode_kernels(self.vnni, self.layouts["interleave_rows"]),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,

@@ -7,6 +7,7 @@ from threadpoolctl import ThreadpoolController
 
 from ...numba_jit import numba
 from . import matvec as mv
+from .gemm_kquant_int8 import HAS_AVX2
 from .kernel_table import AVX2, WIDE
 
 
@@ -39,3 +40,13 @@ def threading_layer() -> str:
         return numba.threading_layer()
     except ValueError:  # no parallel kernel has run yet
         return "not initialized"
+
+
+def prefill_gemm(choice: str) -> str:
+    """What prefill's Q4_K and Q6_K_I8 projections run (``prefill_gemm`` resolved)."""
+    if choice == "int8":
+        how = "vpmaddubsw" if HAS_AVX2 else "plain integer IR (no AVX2: slow)"
+        return (
+            f"int8: Q4_K and Q6_K_I8 weights x int8 activations per 256 values ({how}); other formats float"
+        )
+    return "float: weights dequantized to float32, BLAS"

@@ -2,7 +2,8 @@
 projections table): up to ``gemv_max_rows`` rows the one-row decode kernels for each row; ``batch_min_rows`` to
 ``batch_rows`` rows the batched kernels (each weight block decoded once per 8 rows); more rows a BLAS GEMM on
 the weights dequantized to float32 (kept in the backend's dense cache while they fit in ``dense_cache_mib``,
-else tile by tile)."""
+else tile by tile), or with ``prefill_gemm`` int8 the Q4_K and Q6_K_I8 weights by the integer GEMM of
+:mod:`.gemm_kquant_int8` (activations as int8 per 256 values, llama.cpp's numerics for these formats)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from ...quant.planar import fake_quant_rows_int8
 from . import batched
+from . import gemm_kquant_int8 as gk
 from . import matvec as mv
 from . import qformats as qf
 from .weights import CpuWeight
@@ -30,6 +32,8 @@ def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
         return _project_planar(b, x, ws)
     if b.batch_min_rows <= x.shape[0] <= b.batch_rows and all(w.fmt >= 0 for w in ws):
         return _project_rows(b, x, ws)
+    if b.prefill_gemm == "int8" and x.shape[0] > b.gemv_max_rows and any(_by_int8(w) for w in ws):
+        return _project_int8(b, x, ws)
     if any(w.fmt < 0 for w in ws) or (x.shape[0] > b.gemv_max_rows and len(ws) == 1):
         return [gemm(b, x, w) for w in ws]
     if x.shape[0] > b.gemv_max_rows:
@@ -60,6 +64,19 @@ def _project_planar(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
         else:
             outs.append(w.matvec(np.ascontiguousarray(x, np.float32), b.rows_per_task))
     return outs
+
+
+def _by_int8(w: CpuWeight) -> bool:
+    return gk.supported(w.fmt, w.cols)
+
+
+def _project_int8(b: CpuBackend, x: np.ndarray, ws: list[CpuWeight]) -> list[np.ndarray]:
+    """Q4_K and Q6_K_I8 weights by the int8 GEMM (the activations quantized once for all of them), others
+    by BLAS on their float32 rows."""
+    q = gk.quantize_activations(x)
+    return [
+        gk.gemm(w.fmt, w.data, q, x.shape[0], b.rows_per_task) if _by_int8(w) else gemm(b, x, w) for w in ws
+    ]
 
 
 def _slots(ws: list, outs: list) -> list[Any]:

@@ -99,10 +99,9 @@ def _q5_0(b, base, u):
     return [Decoded(_five_bit_values(b, concat(b, lo, hi), load_at(b, base, 2, I32)), d, d, None, u)]
 
 
-def k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
-    """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4-15) as two <8 x float>
-    (ggml's unpacking done on three 32-bit words, as its SIMD code does): the one unpacking of the k-quant
-    scales, for the decoders here and the int16/int8 kernels."""
+def k_scale_min_bytes(b, base) -> tuple[ir.Value, ir.Value]:
+    """The 8 six-bit scales and mins of a Q4_K/Q5_K superblock (bytes 4-15) as two <8 x i8> (ggml's
+    unpacking done on three 32-bit words, as its SIMD code does): the one unpacking of the k-quant scales."""
     u0, u1, u2 = (load_at(b, base, 4 + 4 * i, I32) for i in range(3))
 
     def c(v):
@@ -114,11 +113,16 @@ def k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
     mn_lo = b.and_(u1, m1)
     mn_hi = b.or_(b.and_(b.lshr(u2, c(4)), m2), b.shl(b.and_(b.lshr(u1, c(6)), m3), c(4)))
 
-    def floats(lo, hi):
+    def as_bytes(lo, hi):
         pair = b.insert_element(b.insert_element(ir.Constant(vt(I32, 2), None), lo, c(0)), hi, c(1))
-        return b.uitofp(b.zext(b.bitcast(pair, vt(I8, 8)), vt(I32, 8)), vt(F32, 8))
+        return b.bitcast(pair, vt(I8, 8))
 
-    return floats(sc_lo, sc_hi), floats(mn_lo, mn_hi)
+    return as_bytes(sc_lo, sc_hi), as_bytes(mn_lo, mn_hi)
+
+
+def k_scales_mins(b, base) -> tuple[ir.Value, ir.Value]:
+    """:func:`k_scale_min_bytes` as two <8 x float>, for the decoders here and the int16/int8 kernels."""
+    return tuple(b.uitofp(b.zext(v, vt(I32, 8)), vt(F32, 8)) for v in k_scale_min_bytes(b, base))
 
 
 def _kquant(b, base, u, with_high_bits: bool):
