@@ -76,13 +76,32 @@ def test_trace_json(profiled, tmp_path):
 
 
 def test_device_profiles_have_sources():
-    for key in ("780m", "npu1", "hawkpoint", "890m", "npu2", "h100"):
+    for key in ("780m", "npu1", "hawkpoint", "890m", "npu2", "h100", "h200"):
         p = get_profile(key)
         assert p.mem_bw > 0 and p.peak("fp32") > 0 and p.how == "published"
         assert p.sources.get("peak_flops") and p.sources.get("mem_bw")
     assert get_profile("phoenix") is PUBLISHED["npu1"]
     with pytest.raises(ValueError, match="unknown device"):
         get_profile("tpu")
+
+
+def test_a_device_without_figures_profiles_without_fractions(default_model):
+    """A GPU the table lacks (the Vulkan backend names it ``unknown``): rows with times, bytes and FLOPs, NaN
+    fractions of peak, no error (an H200 once lost a finished bench to one)."""
+    import dataclasses
+
+    from workbench.backends.vulkan.backend import _profile_key
+
+    assert _profile_key("NVIDIA H200") == "h200" and _profile_key("NVIDIA H100 80GB HBM3") == "h100"
+    assert _profile_key("NVIDIA B200") == "unknown"
+    unknown = get_profile("unknown")
+    assert np.isnan(unknown.mem_bw) and unknown.how.startswith("unknown")
+    prof = Profiler()
+    e = wb.Engine(default_model, "numpy", observer=prof)
+    e.generate("Hi", max_tokens=1)
+    prof.steps = [dataclasses.replace(s, profile_key="unknown") for s in prof.steps]
+    df = prof.dataframe()
+    assert len(df) > 0 and df["time_s"].gt(0).all() and df["bw_frac"].isna().all()
 
 
 def test_host_profile_is_measured_and_cached(tmp_path, monkeypatch):

@@ -165,8 +165,36 @@ PUBLISHED: dict[str, DeviceProfile] = {
             },
             unified_memory=False,
         ),
+        DeviceProfile(
+            "h200",
+            "NVIDIA H200 SXM 141 GB",
+            "gpu",
+            {"fp32": 66.9 * TERA, "fp16": 989 * TERA, "bf16": 989 * TERA, "int8": 1979 * TERA},
+            4.8 * TERA,
+            700.0,
+            "published",
+            {
+                "peak_flops": "NVIDIA H200 datasheet (SXM): the H100 SXM5's compute, 67 TFLOPS fp32, 989 TFLOPS dense "
+                "fp16/bf16 tensor core, 1979 TOPS int8",
+                "mem_bw": "NVIDIA H200 datasheet (SXM): HBM3e 4.8 TB/s",
+                "power_w": "NVIDIA H200 datasheet (SXM): up to 700 W TDP",
+            },
+            unified_memory=False,
+        ),
     ]
 }
+# a device with no published figures (a GPU this table lacks): its ops are profiled with their times, bytes and
+# FLOPs, and their fractions of peak are NaN rather than against another device's peaks
+UNKNOWN = DeviceProfile(
+    "unknown",
+    "a device with no published figures",
+    "gpu",
+    {"fp32": float("nan")},
+    float("nan"),
+    None,
+    "unknown: no published peak figures for this device; fractions of peak not computed",
+    unified_memory=False,
+)
 ALIASES = {
     "radeon-780m": "780m",
     "phoenix": "npu1",
@@ -177,6 +205,7 @@ ALIASES = {
     "xdna2": "npu2",
     "strix-npu": "npu2",
     "nvidia-h100": "h100",
+    "nvidia-h200": "h200",
     "cpu": "host",
 }
 
@@ -312,10 +341,13 @@ def host_profile(refresh: bool = False) -> DeviceProfile:
 
 
 def get_profile(name: str) -> DeviceProfile:
-    """A device profile by key or alias: host (this CPU, measured), 780m, npu1, hawkpoint, 890m, npu2, h100."""
+    """A device profile by key or alias: host (this CPU, measured), 780m, npu1, hawkpoint, 890m, npu2, h100, h200;
+    ``unknown`` (what a backend names a device this table lacks): :data:`UNKNOWN`, without peaks."""
     key = ALIASES.get(name.lower(), name.lower())
     if key == "host":
         return host_profile()
+    if key == "unknown":
+        return UNKNOWN
     try:
         return PUBLISHED[key]
     except KeyError:

@@ -73,6 +73,8 @@ def _profile_key(name: str) -> str:
     n = name.lower()
     if "h100" in n:
         return "h100"
+    if "h200" in n:
+        return "h200"
     if "780m" in n or "phoenix" in n:
         return "780m"
     if "890m" in n:
