@@ -320,6 +320,26 @@ def test_tuner_rejects_a_candidate_whose_output_is_wrong(tiny_q4):
         tuner.measure(key, call, None, (x, res, rows, want + 10 * tol + 1, tol))
 
 
+def test_a_winner_must_beat_the_default_timed_again(tiny_q4, monkeypatch):
+    """The first timing of a shape can read slow (a cold device): the default is timed again after the search,
+    and a candidate that beat only that first reading is not a winner."""
+    import time
+
+    from workbench.backends.vulkan.autotune import Tuner
+
+    ev = vulkan_engine(tiny_q4)
+    tuner = Tuner(ev.backend, log=lambda s: None)
+    key, call = next(iter(tuner.shapes(9).items()))
+    defaults = iter([1.0, 0.1])
+    monkeypatch.setattr(tuner, "check_data", lambda key, call: ())
+    monkeypatch.setattr(
+        tuner, "cost", lambda key, call, params, check: next(defaults) if params is None else 0.5
+    )
+    r = tuner.tune_shape(key, call, time.monotonic() + 5)
+    assert r.best == r.default and r.default_s == 0.1 and r.best_s == 0.1
+    ev.close()
+
+
 def test_step_objective_times_checked_candidates_in_whole_decode_steps(tiny_q4):
     """The step objective: a one-token matvec shape's candidate is checked against numpy first (a wrong one
     is refused before any step runs), then timed as whole decode steps with it in force (the step's program
