@@ -129,7 +129,9 @@ def test_backend_prefill_int8_against_numpy(kquant_model):
 
     def logits(name, **options):
         b = make_backend(name, kquant_model, threads=2, **options)
-        out = b.run(b.prepare_graph(kquant_model.graph(len(ids), 1)), Step.single(b.new_cache(64), ids, 0, "all"))
+        out = b.run(
+            b.prepare_graph(kquant_model.graph(len(ids), 1)), Step.single(b.new_cache(64), ids, 0, "all")
+        )
         return out, b
 
     want, _ = logits("numpy")

@@ -257,7 +257,9 @@ def _tile_ir(b: ir.IRBuilder, args: Sequence[ir.Value], per_madd: int) -> None:
                             p = _maddubs(b, w, a)
                             parts[i] = p if parts[i] is None else b.add(parts[i], p, flags=("nsw",))
                     scales = load_at(b, s_at, 32 * m, vt(I16, 16))
-                    accs = [b.add(acc, pmaddwd(b, part, scales), flags=("nsw",)) for acc, part in zip(accs, parts)]
+                    accs = [
+                        b.add(acc, pmaddwd(b, part, scales), flags=("nsw",)) for acc, part in zip(accs, parts)
+                    ]
                 for acc, slot in zip(accs, isums, strict=True):
                     b.store(acc, slot)
             d_w = _f32x8(b, dw, b.mul(u, _c(8)))
@@ -266,7 +268,9 @@ def _tile_ir(b: ir.IRBuilder, args: Sequence[ir.Value], per_madd: int) -> None:
                 tu = b.add(b.mul(t, n), u)
                 scale = b.fmul(d_w, splat(b, b.load(b.gep(xd, [tu])), 8), flags=FAST)
                 f = b.fadd(b.load(tot), b.fmul(b.sitofp(b.load(isum), f32x8), scale, flags=FAST), flags=FAST)
-                for g in range(16):  # the zero points: each row's offset per 16 values x the codes' scaled sums
+                for g in range(
+                    16
+                ):  # the zero points: each row's offset per 16 values x the codes' scaled sums
                     x_s = splat(b, b.load(b.gep(xs, [b.add(b.mul(tu, _c(16)), _c(g))])), 8)
                     f = b.fsub(f, b.fmul(offsets[g], x_s, flags=FAST), flags=FAST)
                 b.store(f, tot)
