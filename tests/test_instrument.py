@@ -86,15 +86,19 @@ def test_device_profiles_have_sources():
 
 
 def test_a_device_without_figures_profiles_without_fractions(default_model):
-    """A GPU the table lacks (the Vulkan backend names it ``unknown``): rows with times, bytes and FLOPs, NaN
-    fractions of peak, no error (an H200 once lost a finished bench to one)."""
+    """A GPU the table lacks (the Vulkan backend names it ``unknown``): profiler rows with times, bytes and
+    FLOPs and NaN fractions of peak, no error at the end of a finished bench; asked for by name (``limits``,
+    the batching bounds), such a device is still refused."""
     import dataclasses
 
-    from workbench.backends.vulkan.backend import _profile_key
+    from workbench.backends.vulkan.backend import profile_key
+    from workbench.instrument.devices import profile_or_unknown
 
-    assert _profile_key("NVIDIA H200") == "h200" and _profile_key("NVIDIA H100 80GB HBM3") == "h100"
-    assert _profile_key("NVIDIA B200") == "unknown"
-    unknown = get_profile("unknown")
+    assert profile_key("NVIDIA H200") == "h200" and profile_key("NVIDIA H100 80GB HBM3") == "h100"
+    assert profile_key("NVIDIA B200") == "unknown"
+    with pytest.raises(ValueError, match="unknown device"):
+        get_profile("unknown")
+    unknown = profile_or_unknown("unknown")
     assert np.isnan(unknown.mem_bw) and unknown.how.startswith("unknown")
     prof = Profiler()
     e = wb.Engine(default_model, "numpy", observer=prof)

@@ -15,7 +15,9 @@ def add_parser(sub) -> None:
         default="gemma3-270m",
         help="a loadable model (real weight sizes) or a config name such as gemma3-27b (with --quant)",
     )
-    p.add_argument("--device", "-d", default="host", help="host, 780m, npu1, hawkpoint, 890m, npu2, h100")
+    p.add_argument(
+        "--device", "-d", default="host", help="host, 780m, npu1, hawkpoint, 890m, npu2, h100, h200"
+    )
     p.add_argument("--quant", default=None, help="quantization for config-only models (default q4_k_m)")
     p.add_argument("--context", type=int, default=512, help="tokens of history for the decode bound")
     p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length for the prefill bound")

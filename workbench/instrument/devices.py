@@ -174,8 +174,8 @@ PUBLISHED: dict[str, DeviceProfile] = {
             700.0,
             "published",
             {
-                "peak_flops": "NVIDIA H200 datasheet (SXM): the H100 SXM5's compute, 67 TFLOPS fp32, 989 TFLOPS dense "
-                "fp16/bf16 tensor core, 1979 TOPS int8",
+                "peak_flops": "NVIDIA H200 datasheet (SXM): the H100 SXM5's compute, 67 TFLOPS fp32, 989 TFLOPS "
+                "dense fp16/bf16 tensor core, 1979 TOPS int8",
                 "mem_bw": "NVIDIA H200 datasheet (SXM): HBM3e 4.8 TB/s",
                 "power_w": "NVIDIA H200 datasheet (SXM): up to 700 W TDP",
             },
@@ -183,8 +183,8 @@ PUBLISHED: dict[str, DeviceProfile] = {
         ),
     ]
 }
-# a device with no published figures (a GPU this table lacks): its ops are profiled with their times, bytes and
-# FLOPs, and their fractions of peak are NaN rather than against another device's peaks
+# a device with no published figures (a GPU this table lacks): its ops are profiled with their times, bytes
+# and FLOPs, and their fractions of peak are NaN rather than against another device's peaks
 UNKNOWN = DeviceProfile(
     "unknown",
     "a device with no published figures",
@@ -341,18 +341,25 @@ def host_profile(refresh: bool = False) -> DeviceProfile:
 
 
 def get_profile(name: str) -> DeviceProfile:
-    """A device profile by key or alias: host (this CPU, measured), 780m, npu1, hawkpoint, 890m, npu2, h100, h200;
-    ``unknown`` (what a backend names a device this table lacks): :data:`UNKNOWN`, without peaks."""
+    """A device profile by key or alias: host (this CPU, measured), 780m, npu1, hawkpoint, 890m, npu2, h100,
+    h200; ValueError for any other name."""
     key = ALIASES.get(name.lower(), name.lower())
     if key == "host":
         return host_profile()
-    if key == "unknown":
-        return UNKNOWN
     try:
         return PUBLISHED[key]
     except KeyError:
         known = ", ".join(["host", *PUBLISHED])
         raise ValueError(f"unknown device {name!r} (known: {known})") from None
+
+
+def profile_or_unknown(name: str) -> DeviceProfile:
+    """:func:`get_profile`, or :data:`UNKNOWN` (no peaks) for a device the table lacks: what the profiler rows
+    of a run on such a device are computed against."""
+    try:
+        return get_profile(name)
+    except ValueError:
+        return UNKNOWN
 
 
 def all_profiles(include_host: bool = True) -> list[DeviceProfile]:

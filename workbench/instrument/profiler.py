@@ -17,7 +17,7 @@ import pandas as pd
 from ..backends.base import Backend, Step
 from ..ops.graph import Graph, Op
 from ..ops.kinds import op_cost
-from .devices import DeviceProfile, get_profile
+from .devices import DeviceProfile, profile_or_unknown
 
 
 @dataclass
@@ -76,7 +76,7 @@ class Profiler:
     # -- rows ------------------------------------------------------------------------------------
     def profile(self, key: str) -> DeviceProfile:
         if key not in self._profiles:
-            self._profiles[key] = get_profile(key)
+            self._profiles[key] = profile_or_unknown(key)
         return self._profiles[key]
 
     def dataframe(self) -> pd.DataFrame:

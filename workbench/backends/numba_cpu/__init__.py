@@ -28,6 +28,7 @@ from ...ops.graph import Graph, Op
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step
 from . import batched, dispatch, labels
+from . import gemm_kquant_int8 as gk
 from . import gemma3n as g3
 from . import instructions as ins
 from . import interleaved as il
@@ -43,6 +44,7 @@ from . import step_inputs as si
 from .attend_blas import attend  # noqa: F401 (re-exported: tests import it from the package)
 from .compile_progress import CompileProgress
 from .handlers import HANDLERS
+from .kernel_table import LAYOUT_NAMES
 from .weights import CpuWeight
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
@@ -154,9 +156,9 @@ class CpuBackend(Backend):
         self.topk_units = np.zeros(2, np.int64)  # units the skipping path computed, units it ranked
         self.topk_down: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ffn_down transposed (gemma3n.py)
         # Prefill's Q4_K and Q6_K_I8 projections: "float" dequantizes the weights and multiplies the exact
-        # activations by BLAS; "int8" quantizes the activations per 256 values (llama.cpp's Q8_K) and
-        # multiplies integers (gemm_kquant_int8.py, ~1.6x the float path's rate on AVX2 and no float copies);
-        # "auto": int8 where the model's float32 weights would not fit dense_cache_mib (the float path then
+        # activations by BLAS; "int8" quantizes the activations per 256 values (as llama.cpp's Q8_K) and
+        # multiplies integers (gemm_kquant_int8.py: faster than BLAS on AVX2 and no float copies); "auto": int8
+        # on AVX2 hosts where the model's float32 weights would not fit dense_cache_mib (the float path then
         # dequantizes every weight on every prompt), else float, so small models keep exact activations
         # (figures: docs/backend-cpu.md#int8-prefill-gemm)
         self.prefill_gemm = self.tunable("prefill_gemm", prefill_gemm)
@@ -191,7 +193,8 @@ class CpuBackend(Backend):
         with CompileProgress():  # repacking and the warm-up compile every kernel the model needs
             self._prepare()
             if self.prefill_gemm == "auto":
-                self.prefill_gemm = "int8" if self._float_bytes() > self.dense_budget else "float"
+                big = self._float_bytes() > self.dense_budget
+                self.prefill_gemm = "int8" if big and gk.HAS_AVX2 else "float"
             widest = max((w.cols for w in self.weights.values() if w.fmt in mv.QUANT_FMTS), default=32)
             self.xq = mv.act_codes(1, widest, self.vnni)  # activation scratch of the step programs
             self.xd = np.zeros((1, widest // 32), np.float32)
@@ -225,9 +228,17 @@ class CpuBackend(Backend):
         for op in topk:
             g3.down_store(self, op.attrs["parts"][5].weights[0])
 
+    def _int8_layouts(self) -> list[str]:
+        """The layouts of this model's weights that the int8 prefill GEMM reads."""
+        fmts = {
+            w.fmt for w in self.weights.values() if isinstance(w, CpuWeight) and gk.supported(w.fmt, w.cols)
+        }
+        return sorted(LAYOUT_NAMES[f] for f in fmts)
+
     def _float_bytes(self) -> int:
         """Bytes of the float32 copies of the quantized weights prefill multiplies (prefill's float path): all
-        but the token embedding and the LM head, which a prefill applies to its last row only."""
+        but the token embedding and the LM head, which a prefill applies to its last row only, and the planar
+        (re-quantized) variants' weights, which the int8 GEMM does not read."""
         graph = self.model.graph(1)
         skip = {n for op in graph.ops if op.kind == "embed" or op.name == "lm_head" for n in op.weights}
         return sum(
@@ -273,7 +284,7 @@ class CpuBackend(Backend):
                 "decode_shards": self._shards_label(),
                 "decode_program": self._program_label(),
                 "sparse_skip": self.sparse_skip,
-                "prefill_gemm": labels.prefill_gemm(self.prefill_gemm),
+                "prefill_gemm": labels.prefill_gemm(self.prefill_gemm, self._int8_layouts()),
                 "decode_kernels": labels.decode_kernels(self.vnni, self.layouts["interleave_rows"]),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,

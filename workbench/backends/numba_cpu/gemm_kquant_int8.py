@@ -1,21 +1,23 @@
 """Prefill GEMM of k-quant weights (Q4_K, Q6_K_I8) by int8 activations with one scale per 256 values.
 
-``out[t, n] = row n of W . activation row t`` for many activation rows at once, with llama.cpp's numerics for
-these formats: each 256-value block of an activation row is quantized to int8 codes under one scale
-(``max|x| / 127``, llama.cpp's Q8_K), so a superblock's integer products add up in int32 and turn into a
-float once per 256 values. On AVX2 one ``vpmaddubsw`` multiplies 32 unsigned weight codes by 32 int8
-codes, and one ``vpmaddwd`` applies the sub-block scales to its pair sums: two multiplies per 32 values,
-against four FMAs per 32 values for the float GEMM on dequantized weights, and no float copy of the weights.
+``out[t, n] = row n of W . activation row t`` for many activation rows at once, with activations in the
+manner of llama.cpp's Q8_K for these formats: each 256-value block of an activation row becomes int8 codes
+under one scale (here ``max|x| / 127``, codes rounded to nearest; llama.cpp scales by the signed extreme),
+so a superblock's integer products add up exactly and turn into a float once per 256 values.
 
-The work splits in two:
+The work splits in three:
 
-* :func:`unpack_rows` turns ``R`` weight rows into unsigned codes (Q4_K 0..15; Q6_K_I8 codes + 32, 0..63),
-  their scales as int16 lanes (one ``vpmaddwd`` operand per 32 values), the superblock scale ``d`` and the
-  offsets ``mf`` that the codes' zero points cost (Q4_K: ``dmin x min``; Q6_K: ``32 x d x scale``), per
-  16 values;
-* :func:`_tile` (hand-built LLVM IR) multiplies those rows by activation rows, two at a time, and adds
-  ``d x activation scale x int32 sum - mf . (activation scale x code sums)`` into 8 float lanes per
-  (row, activation row), summed once at the end.
+* :func:`unpack_rows` turns R (8) weight rows into unsigned codes (Q4_K 0..15; Q6_K_I8 codes + 32, 0..63),
+  their scales as int16 lanes, the superblock scale ``d`` and the offsets ``mf`` that the codes' zero points
+  cost (Q4_K: ``dmin x min``; Q6_K: ``32 x d x scale``), per 16 values;
+* :func:`tile_rows` lays every 4 values of the 8 rows side by side in one 32-byte vector, with the rows'
+  scales twice each (one ``vpmaddwd`` operand);
+* :func:`_tile_ir` (hand-built LLVM IR, :data:`_tile_q4_k` / :data:`_tile_q6_k`) broadcasts an activation
+  row's 4 values at those columns to the 8 lanes, so one ``vpmaddubsw`` gives the 8 rows' pair sums; those
+  add up in int16 over a Q4_K sub-block (8 products) or 16 Q6_K values (2 products) before one ``vpmaddwd``
+  applies the scales, so 256 products of 8 rows take 9 (Q4_K) or 12 (Q6_K) multiplies. Each weight vector
+  serves TOKENS activation rows; each row's float sum, ``d x activation scale x int32 sum - mf .
+  (activation scale x code sums)``, is one lane of an 8-lane vector per activation row.
 
 Integers are exact, so a row's result depends only on its weights and the activation row (not on the number
 of rows, threads or the tile). Figures: docs/backend-cpu.md#int8-prefill-gemm.
@@ -23,7 +25,7 @@ of rows, threads or the tile). Figures: docs/backend-cpu.md#int8-prefill-gemm.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from llvmlite import binding as llvm
@@ -34,7 +36,7 @@ from numba.extending import intrinsic
 
 from ...numba_jit import numba
 from ...quant.formats import GGMLType
-from ...quant.repack import Q6_K_I8_BYTES
+from ...quant.repack import Q4_K_BYTES, Q6_K_I8_BYTES
 from .llvm_ir import (
     F32,
     FAST,
@@ -45,10 +47,12 @@ from .llvm_ir import (
     as_ptr,
     const_vec,
     load_at,
+    load_f32x8,
     load_half,
     nibbles,
     pmaddwd,
     splat,
+    store_at,
     vt,
 )
 from .simd import Q6_K_I8, k_scale_min_bytes
@@ -60,7 +64,6 @@ GEMM_FMTS = (Q4_K, Q6_K_I8)  # the layouts this GEMM reads
 R = 8  # weight rows per tile: each 4 values of 8 rows fill one 256-bit vector
 TOKENS = 4  # activation rows each weight vector serves (their sums stay in registers)
 CHUNK_UNITS = 6  # superblocks of a tile's columns multiplied by every activation row before the next (L1)
-Q4_K_BYTES = 144
 HAS_AVX2 = "+avx2" in llvm.get_host_cpu_features().flatten().split(",")
 
 
@@ -108,9 +111,6 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 # -- weights -------------------------------------------------------------------------------------------------
-def _store(b: ir.IRBuilder, v: ir.Value, base: ir.Value, offset: ir.Value | int) -> None:
-    off = _c(offset) if isinstance(offset, int) else offset
-    b.store(v, b.bitcast(b.gep(base, [off]), v.type.as_pointer()), align=1)
 
 
 def _unpack_ir(b: ir.IRBuilder, args: Sequence[ir.Value], q4_k: bool) -> None:
@@ -129,30 +129,30 @@ def _unpack_ir(b: ir.IRBuilder, args: Sequence[ir.Value], q4_k: bool) -> None:
             scales, mins = k_scale_min_bytes(b, base)
             lanes = b.zext(scales, vt(I16, 8))
             for j in range(8):
-                _store(b, b.shuffle_vector(lanes, lanes, const_vec(I32, [j] * 16)), out_s, 32 * j)
+                store_at(b, b.shuffle_vector(lanes, lanes, const_vec(I32, [j] * 16)), out_s, 32 * j)
             m = b.fmul(b.uitofp(b.zext(mins, vt(I32, 8)), vt(F32, 8)), splat(b, load_half(b, base, 2), 8))
-            _store(b, b.shuffle_vector(m, m, const_vec(I32, [i // 2 for i in range(16)])), out_m, 0)
+            store_at(b, b.shuffle_vector(m, m, const_vec(I32, [i // 2 for i in range(16)])), out_m, 0)
             for c in range(4):
                 lo, hi = nibbles(b, load_at(b, base, 16 + 32 * c, vt(I8, 32)))
-                _store(b, lo, out_c, 64 * c)
-                _store(b, hi, out_c, 64 * c + 32)
+                store_at(b, lo, out_c, 64 * c)
+                store_at(b, hi, out_c, 64 * c + 32)
         else:  # 16 int8 scales (one per 16 values); codes q - 32 made unsigned
             scales = load_at(b, base, 2, vt(I8, 16))
             lanes = b.sext(scales, vt(I16, 16))
             for j in range(8):
                 pick = const_vec(I32, [2 * j] * 8 + [2 * j + 1] * 8)
-                _store(b, b.shuffle_vector(lanes, lanes, pick), out_s, 32 * j)
+                store_at(b, b.shuffle_vector(lanes, lanes, pick), out_s, 32 * j)
             thirty_two_d = b.fmul(d, ir.Constant(F32, 32.0), flags=FAST)
             m = b.fmul(
                 b.sitofp(b.sext(scales, vt(I32, 16)), vt(F32, 16)), splat(b, thirty_two_d, 16), flags=FAST
             )
-            _store(b, m, out_m, 0)
+            store_at(b, m, out_m, 0)
             for j in range(8):
                 q = load_at(b, base, 18 + 32 * j, vt(I8, 32))
-                _store(b, b.add(q, const_vec(I8, [32] * 32)), out_c, 32 * j)
+                store_at(b, b.add(q, const_vec(I8, [32] * 32)), out_c, 32 * j)
 
 
-def _unpack_intrinsic(q4_k: bool):
+def _unpack_intrinsic(q4_k: bool) -> Callable:
     @intrinsic
     def unpack(typingctx, row, n, codes, sc, dw, mf):
         sig = types.void(*([types.intp] * 6))
@@ -193,6 +193,7 @@ def unpack_rows(fmt, w, r0, codes, sc16, dw, mf):  # pragma: no cover - compiled
 
 # -- the tile ------------------------------------------------------------------------------------------------
 def _c(v: int) -> ir.Constant:
+    """An i64 constant (indices and offsets)."""
     return ir.Constant(I64, v)
 
 
@@ -208,11 +209,6 @@ def _maddubs(b: ir.IRBuilder, w: ir.Value, a: ir.Value) -> ir.Value:
     even = b.shuffle_vector(m, m, const_vec(I32, range(0, 32, 2)))
     odd = b.shuffle_vector(m, m, const_vec(I32, range(1, 32, 2)))
     return b.add(even, odd, flags=("nsw",))
-
-
-def _f32x8(b: ir.IRBuilder, p: ir.Value, i: ir.Value) -> ir.Value:
-    """<8 x float> at ``p[i]``."""
-    return b.load(b.bitcast(b.gep(p, [i]), vt(F32, 8).as_pointer()), align=4)
 
 
 def _tile_ir(b: ir.IRBuilder, args: Sequence[ir.Value], per_madd: int) -> None:
@@ -262,8 +258,8 @@ def _tile_ir(b: ir.IRBuilder, args: Sequence[ir.Value], per_madd: int) -> None:
                     ]
                 for acc, slot in zip(accs, isums, strict=True):
                     b.store(acc, slot)
-            d_w = _f32x8(b, dw, b.mul(u, _c(8)))
-            offsets = [_f32x8(b, mf, b.mul(b.add(b.mul(u, _c(16)), _c(g)), _c(8))) for g in range(16)]
+            d_w = load_f32x8(b, dw, b.mul(u, _c(8)))
+            offsets = [load_f32x8(b, mf, b.mul(b.add(b.mul(u, _c(16)), _c(g)), _c(8))) for g in range(16)]
             for t, isum, tot in zip(toks, isums, totals, strict=True):
                 tu = b.add(b.mul(t, n), u)
                 scale = b.fmul(d_w, splat(b, b.load(b.gep(xd, [tu])), 8), flags=FAST)
@@ -286,7 +282,7 @@ def _tile_ir(b: ir.IRBuilder, args: Sequence[ir.Value], per_madd: int) -> None:
             tokens(t, 1, u0, u1)
 
 
-def _tile_intrinsic(per_madd: int):
+def _tile_intrinsic(per_madd: int) -> Callable:
     @intrinsic
     def tile(typingctx, codes, sc, dw, mf, n, xq, xd, xs, n_tok, out, out_stride):
         """:func:`_tile_ir` on addresses: the tile's operands, ``n`` units of 256 values, ``n_tok`` activation
@@ -365,10 +361,21 @@ def gemm_q8k(fmt, w, xq, xd, xs, n_tok, out, rows_per_task):  # pragma: no cover
                         out[t, r0 + r] = tail[t, r]
 
 
-def gemm(
-    fmt: int, w: np.ndarray, q: tuple[np.ndarray, np.ndarray, np.ndarray], n_tok: int, rpt: int
-) -> np.ndarray:
-    """``x @ W.T`` (n_tok, rows) for the activations ``q`` of :func:`quantize_activations`."""
-    out = np.empty((n_tok, w.shape[0]), np.float32)
-    gemm_q8k(fmt, w, *q, n_tok, out, rpt)
+def gemm(fmt: int, w: np.ndarray, q: tuple[np.ndarray, np.ndarray, np.ndarray], rpt: int) -> np.ndarray:
+    """``x @ W.T`` (rows of x, rows of W) for the activations ``q`` of :func:`quantize_activations` and the
+    weight rows ``w`` (uint8, a row's blocks) of layout ``fmt``, in tasks of ``rpt`` rows."""
+    xq, xd, xs = (np.ascontiguousarray(a) for a in q)
+    units = xq.shape[1] // 256
+    row_bytes = {Q4_K: Q4_K_BYTES, Q6_K_I8: Q6_K_I8_BYTES}.get(fmt, 0) * units
+    if not supported(fmt, xq.shape[1]) or w.ndim != 2 or w.shape[1] != row_bytes or w.dtype != np.uint8:
+        raise ValueError(
+            f"int8 GEMM: layout {fmt} with rows of {w.shape[1:]} bytes does not match {xq.shape[1]} columns "
+            "(Q4_K and Q6_K_I8 rows of whole 256-value superblocks)"
+        )
+    if xd.shape != (xq.shape[0], units) or xs.shape != (xq.shape[0], units * 16):
+        raise ValueError(
+            f"int8 GEMM: activation scales {xd.shape} and sums {xs.shape} do not fit codes {xq.shape}"
+        )
+    out = np.empty((xq.shape[0], w.shape[0]), np.float32)
+    gemm_q8k(fmt, np.ascontiguousarray(w), xq, xd, xs, xq.shape[0], out, max(rpt, 1))
     return out

@@ -42,11 +42,11 @@ def threading_layer() -> str:
         return "not initialized"
 
 
-def prefill_gemm(choice: str) -> str:
-    """What prefill's Q4_K and Q6_K_I8 projections run (``prefill_gemm`` resolved)."""
+def prefill_gemm(choice: str, layouts: list[str]) -> str:
+    """What prefill's projections run (``prefill_gemm`` resolved; ``layouts``: the model's layouts the int8
+    GEMM reads, e.g. none of Q4_K where the weights were interleaved 16 rows at a time)."""
     if choice == "int8":
         how = "vpmaddubsw" if HAS_AVX2 else "plain integer IR (no AVX2: slow)"
-        return (
-            f"int8: Q4_K and Q6_K_I8 weights x int8 activations per 256 values ({how}); other formats float"
-        )
+        which = ", ".join(layouts) or "none of this model's"
+        return f"int8: {which} weights x int8 activations per 256 values ({how}); other layouts float"
     return "float: weights dequantized to float32, BLAS"

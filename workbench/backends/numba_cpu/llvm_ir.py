@@ -45,6 +45,12 @@ def load_at(b: ir.IRBuilder, base: ir.Value, offset: int | ir.Value, t: ir.Type)
     return b.load(p, align=1)
 
 
+def store_at(b: ir.IRBuilder, v: ir.Value, base: ir.Value, offset: int | ir.Value) -> None:
+    """Unaligned store of ``v`` at byte ``offset`` from an i8* ``base``."""
+    off = ir.Constant(I64, offset) if isinstance(offset, int) else offset
+    b.store(v, b.bitcast(b.gep(base, [off]), ptr(v.type)), align=1)
+
+
 def load_f32x8(b: ir.IRBuilder, p: ir.Value, u: ir.Value) -> ir.Value:
     """<8 x float> at ``p[u]`` (a float pointer: 8 blocks' activation scales or sums)."""
     return b.load(b.bitcast(b.gep(p, [u]), ptr(vt(F32, 8))), align=4)

@@ -74,9 +74,7 @@ def _project_int8(b: CpuBackend, x: np.ndarray, ws: list[CpuWeight]) -> list[np.
     """Q4_K and Q6_K_I8 weights by the int8 GEMM (the activations quantized once for all of them), others
     by BLAS on their float32 rows."""
     q = gk.quantize_activations(x)
-    return [
-        gk.gemm(w.fmt, w.data, q, x.shape[0], b.rows_per_task) if _by_int8(w) else gemm(b, x, w) for w in ws
-    ]
+    return [gk.gemm(w.fmt, w.data, q, b.rows_per_task) if _by_int8(w) else gemm(b, x, w) for w in ws]
 
 
 def _slots(ws: list, outs: list) -> list[Any]:

@@ -322,8 +322,8 @@ class Tuner:
         best_s, best = beam[0]
         if best != default:
             # the default again, now that the device has run the shape for a while: the first timing of a
-            # shape can read several times slower (3.7x on an H200's first GEMM shape), which made a winner
-            # of a candidate slower than the warm default
+            # shape can read several times slower (a device coming out of idle), which made a winner of a
+            # candidate slower than the warm default (experiments/h200/notes.md)
             default_s = min(default_s, self.cost(key, call, None, check))
             if best_s >= default_s:
                 best_s, best = default_s, default

@@ -69,7 +69,9 @@ PLE_TABLE = "per_layer_token_embd.weight"
 SMALL_MATRICES = (".altup_router.weight", ".altup_predict_coef.weight", ".altup_correct_coef.weight")
 
 
-def _profile_key(name: str) -> str:
+def profile_key(name: str) -> str:
+    """The device profile key (workbench.instrument.devices) of a Vulkan device by its name; ``unknown`` for a
+    device the table lacks."""
     n = name.lower()
     if "h100" in n:
         return "h100"
@@ -159,7 +161,7 @@ class VulkanBackend(Backend):
             f.name,
             "cpu" if f.is_cpu else "gpu",
             {
-                "profile": _profile_key(f.name),
+                "profile": profile_key(f.name),
                 "api": f.api_version,
                 "driver": f.driver(),
                 "subgroup_size": f.subgroup_size,
