@@ -28,7 +28,6 @@ from ...ops.graph import Graph, Op
 from ...runtime.kv_cache import KVCache
 from ..base import Backend, DeviceInfo, OpObserver, Step
 from . import batched, dispatch, labels
-from . import gemm_kquant_int8 as gk
 from . import gemma3n as g3
 from . import instructions as ins
 from . import interleaved as il
@@ -44,11 +43,9 @@ from . import step_inputs as si
 from .attend_blas import attend  # noqa: F401 (re-exported: tests import it from the package)
 from .compile_progress import CompileProgress
 from .handlers import HANDLERS
-from .kernel_table import LAYOUT_NAMES
 from .weights import CpuWeight
 
 ACT_QUANT = {"int16": 32767, "int8": 127, "none": 0}
-PREFILL_GEMM = ("auto", "int8", "float")
 
 
 class CpuBackend(Backend):
@@ -155,15 +152,9 @@ class CpuBackend(Backend):
         self.sparse_skip = self.tunable("sparse_skip", sparse_skip)
         self.topk_units = np.zeros(2, np.int64)  # units the skipping path computed, units it ranked
         self.topk_down: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ffn_down transposed (gemma3n.py)
-        # Prefill's Q4_K and Q6_K_I8 projections: "float" dequantizes the weights and multiplies the exact
-        # activations by BLAS; "int8" quantizes the activations per 256 values (as llama.cpp's Q8_K) and
-        # multiplies integers (gemm_kquant_int8.py: faster than BLAS on AVX2 and no float copies); "auto": int8
-        # on AVX2 hosts where the model's float32 weights would not fit dense_cache_mib (the float path then
-        # dequantizes every weight on every prompt), else float, so small models keep exact activations
-        # (figures: docs/backend-cpu.md#int8-prefill-gemm)
-        self.prefill_gemm = self.tunable("prefill_gemm", prefill_gemm)
-        if self.prefill_gemm not in PREFILL_GEMM:
-            raise ValueError(f"prefill_gemm must be one of {list(PREFILL_GEMM)}, got {self.prefill_gemm!r}")
+        # prefill's Q4_K and Q6_K_I8 projections: int8 GEMM or float BLAS ("auto": resolved once the weights
+        # are loaded; projection.auto_prefill_gemm says how and why)
+        self.prefill_gemm = pj.checked_prefill_gemm(self.tunable("prefill_gemm", prefill_gemm))
         if self.batch_min_rows < 1 or self.batch_rows < 0:
             raise ValueError("batch_min_rows must be >= 1 and batch_rows >= 0 (0: no batched kernel)")
         self.small_rows = max(gemv_max_rows, self.batch_rows)  # steps up to this many rows avoid BLAS
@@ -193,8 +184,7 @@ class CpuBackend(Backend):
         with CompileProgress():  # repacking and the warm-up compile every kernel the model needs
             self._prepare()
             if self.prefill_gemm == "auto":
-                big = self._float_bytes() > self.dense_budget
-                self.prefill_gemm = "int8" if big and gk.HAS_AVX2 else "float"
+                self.prefill_gemm = pj.auto_prefill_gemm(self)
             widest = max((w.cols for w in self.weights.values() if w.fmt in mv.QUANT_FMTS), default=32)
             self.xq = mv.act_codes(1, widest, self.vnni)  # activation scratch of the step programs
             self.xd = np.zeros((1, widest // 32), np.float32)
@@ -227,25 +217,6 @@ class CpuBackend(Backend):
                                                       stored=name in embed_only)  # fmt: skip
         for op in topk:
             g3.down_store(self, op.attrs["parts"][5].weights[0])
-
-    def _int8_layouts(self) -> list[str]:
-        """The layouts of this model's weights that the int8 prefill GEMM reads."""
-        fmts = {
-            w.fmt for w in self.weights.values() if isinstance(w, CpuWeight) and gk.supported(w.fmt, w.cols)
-        }
-        return sorted(LAYOUT_NAMES[f] for f in fmts)
-
-    def _float_bytes(self) -> int:
-        """Bytes of the float32 copies of the quantized weights prefill multiplies (prefill's float path): all
-        but the token embedding and the LM head, which a prefill applies to its last row only, and the planar
-        (re-quantized) variants' weights, which the int8 GEMM does not read."""
-        graph = self.model.graph(1)
-        skip = {n for op in graph.ops if op.kind == "embed" or op.name == "lm_head" for n in op.weights}
-        return sum(
-            4 * w.rows * w.cols
-            for name, w in self.weights.items()
-            if isinstance(w, CpuWeight) and w.fmt >= 0 and name not in skip
-        )
 
     def _native(self, name: str, interleave: bool = True, qt=None, stored: bool = False) -> CpuWeight:
         """The weight ``name`` (or the tensor ``qt`` under that name) in the layout the kernels read
@@ -284,7 +255,7 @@ class CpuBackend(Backend):
                 "decode_shards": self._shards_label(),
                 "decode_program": self._program_label(),
                 "sparse_skip": self.sparse_skip,
-                "prefill_gemm": labels.prefill_gemm(self.prefill_gemm, self._int8_layouts()),
+                "prefill_gemm": labels.prefill_gemm(self.prefill_gemm, pj.int8_layouts(self)),
                 "decode_kernels": labels.decode_kernels(self.vnni, self.layouts["interleave_rows"]),
                 "llvm_cpu": llvm.get_host_cpu_name(),  # the core LLVM compiles for (e.g. znver1, znver5)
                 "numba": numba.__version__,

@@ -17,11 +17,13 @@ from . import batched
 from . import gemm_kquant_int8 as gk
 from . import matvec as mv
 from . import qformats as qf
+from .kernel_table import LAYOUT_NAMES
 from .weights import CpuWeight
 
 if TYPE_CHECKING:
     from . import CpuBackend
 
+PREFILL_GEMM = ("auto", "int8", "float")  # the tunable prefill_gemm's values
 _EMPTY_W = np.zeros((0, 1), np.uint8)
 _EMPTY_O = np.zeros((1, 0), np.float32)
 
@@ -50,6 +52,41 @@ def project(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
     for i in range(0, len(ws), 3):
         mv.matvec3(*_slots(ws[i : i + 3], outs[i : i + 3]), x, b.levels, xq, xd, xs, b.rows_per_task)
     return outs
+
+
+def checked_prefill_gemm(choice: str) -> str:
+    """The tunable ``prefill_gemm``, refused with a clear error when it is not one of PREFILL_GEMM."""
+    if choice not in PREFILL_GEMM:
+        raise ValueError(f"prefill_gemm must be one of {list(PREFILL_GEMM)}, got {choice!r}")
+    return choice
+
+
+def auto_prefill_gemm(b: CpuBackend) -> str:
+    """``prefill_gemm=auto`` for the loaded weights: "float" dequantizes the weights and multiplies the exact
+    activations by BLAS; "int8" quantizes the activations per 256 values and multiplies integers
+    (:mod:`.gemm_kquant_int8`: faster than BLAS on AVX2, no float copies). int8 on AVX2 hosts where the model's
+    float32 weights would not fit ``dense_cache_mib`` (the float path then dequantizes every weight on every
+    prompt), else float, so small models keep exact activations (docs/backend-cpu.md#int8-prefill-gemm)."""
+    return "int8" if gk.HAS_AVX2 and float_bytes(b) > b.dense_budget else "float"
+
+
+def float_bytes(b: CpuBackend) -> int:
+    """Bytes of the float32 copies of the quantized weights prefill multiplies (prefill's float path): all but
+    the token embedding and the LM head, which a prefill applies to its last row only, and the planar
+    (re-quantized) variants' weights, which the int8 GEMM does not read."""
+    graph = b.model.graph(1)
+    skip = {n for op in graph.ops if op.kind == "embed" or op.name == "lm_head" for n in op.weights}
+    return sum(
+        4 * w.rows * w.cols
+        for name, w in b.weights.items()
+        if isinstance(w, CpuWeight) and w.fmt >= 0 and name not in skip
+    )
+
+
+def int8_layouts(b: CpuBackend) -> list[str]:
+    """The layouts of the backend's weights that the int8 prefill GEMM reads."""
+    fmts = {w.fmt for w in b.weights.values() if isinstance(w, CpuWeight) and _by_int8(w)}
+    return sorted(LAYOUT_NAMES[f] for f in fmts)
 
 
 def _project_planar(b: CpuBackend, x: np.ndarray, ws: list) -> list[np.ndarray]:
