@@ -17,19 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .llvm_ir import F32, FAST, I64, as_ptr, emit_prefetch, hsum, ptr, splat, vt
+from .llvm_ir import F32, FAST, I64, as_ptr, emit_prefetch, host_has, hsum, ptr, splat, vt
 
 LANES = 16
 MAX_HEADS = 4  # query heads per call (more: several calls)
 # vectors per head of a wide weigh_values slice: 16 accumulators at 4 heads in AVX-512's 32 registers; AVX2 has
 # 16 registers of half the width, so one vector a head there
-WIDE = 4 if "+avx512f" in llvm.get_host_cpu_features().flatten().split(",") else 1
+WIDE = 4 if host_has("avx512f") else 1
 # key rows prefetched ahead (cold cache, 190 keys, 2 threads: 4, 8, 16 rows within noise); each value row is
 # prefetched as its key is scored
 AHEAD = 8

@@ -42,6 +42,7 @@ from .llvm_ir import (
     as_ptr,
     const_vec,
     emit_prefetch,
+    host_has,
     hsum,
     load_at,
     load_f32x8,
@@ -66,7 +67,7 @@ HALF_WIDTH_CORES = (
 
 def host_has_full_avx2() -> bool:
     """Whether the host has AVX2 on 256-bit datapaths (LLVM's host features and cpu name)."""
-    avx2 = "+avx2" in llvm.get_host_cpu_features().flatten().split(",")
+    avx2 = host_has("avx2")
     return avx2 and llvm.get_host_cpu_name() not in HALF_WIDTH_CORES
 
 

@@ -20,7 +20,6 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -40,6 +39,7 @@ from .llvm_ir import (
     concat,
     const_vec,
     emit_prefetch,
+    host_has,
     hsum,
     load_at,
     load_f32x8,
@@ -279,4 +279,4 @@ def use_wide_kernels() -> bool:
     choice = kernels_choice()
     if choice:
         return choice == "wide"
-    return "+avx512bw" in llvm.get_host_cpu_features().flatten().split(",")
+    return host_has("avx512bw")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -29,7 +28,22 @@ from numba.extending import intrinsic
 from ...quant.formats import GGMLType
 from ...quant.repack import Q5_0_X4_BYTES, Q6_K_I8_BYTES
 from .dot_int16_512bit import WideRow
-from .llvm_ir import F32, FAST, HALF, I8, I16, I32, I64, concat, const_vec, load_at, load_f32x8, ptr, vt
+from .llvm_ir import (
+    F32,
+    FAST,
+    HALF,
+    I8,
+    I16,
+    I32,
+    I64,
+    concat,
+    const_vec,
+    host_has,
+    load_at,
+    load_f32x8,
+    ptr,
+    vt,
+)
 from .simd import Q5_0_X4, Q6_K_I8, k_scales_mins
 
 VNNI_ORDER = (0, 2, 1, 3)  # the int8 copy's order of the blocks of a group of 4 (its own inverse)
@@ -41,7 +55,7 @@ UNIT_VALUES = {int(GGMLType.Q8_0): 32, Q5_0_X4: 128, int(GGMLType.Q4_K): 256, Q6
 
 def host_has_vnni() -> bool:
     """Whether the host's LLVM features include AVX512-VNNI (``vpdpbusd`` on 512-bit vectors)."""
-    return "+avx512vnni" in llvm.get_host_cpu_features().flatten().split(",")
+    return host_has("avx512vnni")
 
 
 HAS_VNNI = host_has_vnni()

@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -46,6 +45,7 @@ from .llvm_ir import (
     I64,
     as_ptr,
     const_vec,
+    host_has,
     load_at,
     load_f32x8,
     load_half,
@@ -64,7 +64,7 @@ GEMM_FMTS = (Q4_K, Q6_K_I8)  # the layouts this GEMM reads
 R = 8  # weight rows per tile: each 4 values of 8 rows fill one 256-bit vector
 TOKENS = 4  # activation rows each weight vector serves (their sums stay in registers)
 CHUNK_UNITS = 6  # superblocks of a tile's columns multiplied by every activation row before the next (L1)
-HAS_AVX2 = "+avx2" in llvm.get_host_cpu_features().flatten().split(",")
+HAS_AVX2 = host_has("avx2")
 
 
 def supported(fmt: int, cols: int) -> bool:
@@ -123,13 +123,12 @@ def _unpack_ir(b: ir.IRBuilder, args: Sequence[ir.Value], q4_k: bool) -> None:
         base = b.gep(row, [b.mul(u, _c(Q4_K_BYTES if q4_k else Q6_K_I8_BYTES))])
         d = load_half(b, base, 0)
         b.store(d, b.gep(dw, [u]))
-        out_c, out_s = (b.gep(p, [b.mul(u, _c(256))]) for p in (codes, sc))  # 256 codes, 128 int16
+        out_c = b.gep(codes, [b.mul(u, _c(256))])  # 256 codes
+        out_s = b.gep(sc, [b.mul(u, _c(32))])  # 16 int16 scales (Q4_K: 8)
         out_m = b.gep(mf, [b.mul(u, _c(64))])  # 16 floats
         if q4_k:  # 8 six-bit scales (one per 32 values) and mins under dmin; nibbles: 2c low, 2c + 1 high
             scales, mins = k_scale_min_bytes(b, base)
-            lanes = b.zext(scales, vt(I16, 8))
-            for j in range(8):
-                store_at(b, b.shuffle_vector(lanes, lanes, const_vec(I32, [j] * 16)), out_s, 32 * j)
+            store_at(b, b.zext(scales, vt(I16, 8)), out_s, 0)
             m = b.fmul(b.uitofp(b.zext(mins, vt(I32, 8)), vt(F32, 8)), splat(b, load_half(b, base, 2), 8))
             store_at(b, b.shuffle_vector(m, m, const_vec(I32, [i // 2 for i in range(16)])), out_m, 0)
             for c in range(4):
@@ -138,10 +137,7 @@ def _unpack_ir(b: ir.IRBuilder, args: Sequence[ir.Value], q4_k: bool) -> None:
                 store_at(b, hi, out_c, 64 * c + 32)
         else:  # 16 int8 scales (one per 16 values); codes q - 32 made unsigned
             scales = load_at(b, base, 2, vt(I8, 16))
-            lanes = b.sext(scales, vt(I16, 16))
-            for j in range(8):
-                pick = const_vec(I32, [2 * j] * 8 + [2 * j + 1] * 8)
-                store_at(b, b.shuffle_vector(lanes, lanes, pick), out_s, 32 * j)
+            store_at(b, b.sext(scales, vt(I16, 16)), out_s, 0)
             thirty_two_d = b.fmul(d, ir.Constant(F32, 32.0), flags=FAST)
             m = b.fmul(
                 b.sitofp(b.sext(scales, vt(I32, 16)), vt(F32, 16)), splat(b, thirty_two_d, 16), flags=FAST
@@ -170,20 +166,20 @@ _unpack_q4_k, _unpack_q6_k_i8 = _unpack_intrinsic(True), _unpack_intrinsic(False
 
 
 @njit(cache=True)
-def unpack_rows(fmt, w, r0, codes, sc16, dw, mf):  # pragma: no cover - compiled
+def unpack_rows(fmt, w, r0, codes, sc, dw, mf):  # pragma: no cover - compiled
     """Rows r0 .. r0 + R of ``w`` (rows past its end: zeros) as this GEMM's operands: ``codes`` (R, K) uint8,
-    ``sc16`` (R, K / 2) int16 (the scales of each 32 values' 16 pair sums), ``dw`` (R, K / 256) float32 (d),
-    ``mf`` (R, K / 16) float32 (the zero points' offsets per 16 values)."""
+    ``sc`` (R, K / 16) int16 (a superblock's scales: Q4_K 8 and 8 unused, Q6_K 16), ``dw`` (R, K / 256)
+    float32 (d), ``mf`` (R, K / 16) float32 (the zero points' offsets per 16 values)."""
     units = dw.shape[1]
     for r in range(R):
         n = r0 + r
         if n >= w.shape[0]:
             codes[r, :] = 0
-            sc16[r, :] = 0
+            sc[r, :] = 0
             dw[r, :] = 0.0
             mf[r, :] = 0.0
             continue
-        args = (w.ctypes.data + n * w.strides[0], units, codes[r].ctypes.data, sc16[r].ctypes.data,
+        args = (w.ctypes.data + n * w.strides[0], units, codes[r].ctypes.data, sc[r].ctypes.data,
                 dw[r].ctypes.data, mf[r].ctypes.data)  # fmt: skip
         if fmt == Q4_K:
             _unpack_q4_k(*args)
@@ -302,7 +298,7 @@ _tile_q4_k, _tile_q6_k = _tile_intrinsic(8), _tile_intrinsic(2)
 
 
 @njit(cache=True)
-def tile_rows(fmt, rows_codes, rows_sc16, rows_dw, rows_mf, codes, sc, dw, mf):  # pragma: no cover - compiled
+def tile_rows(fmt, rows_codes, rows_sc, rows_dw, rows_mf, codes, sc, dw, mf):  # pragma: no cover - compiled
     """The R rows of :func:`unpack_rows` in the tile's layout: ``codes`` (K / 4, R) uint32, each 4 values of
     the R rows side by side; ``sc`` int16, per 32 values (Q4_K) or 8 values (Q6_K) the rows' scales twice
     each (a ``vpmaddwd`` operand); ``dw`` (units, R) and ``mf`` (units, 16, R) float32."""
@@ -311,10 +307,11 @@ def tile_rows(fmt, rows_codes, rows_sc16, rows_dw, rows_mf, codes, sc, dw, mf): 
         for r in range(R):
             codes[k4, r] = c32[r, k4]
     q4_k = fmt == Q4_K
-    for blk in range(rows_sc16.shape[1] // 16):
+    for blk in range(rows_codes.shape[1] // 32):
+        u, j = blk // 8, blk % 8
         for m in range(1 if q4_k else 4):
             for r in range(R):
-                s = rows_sc16[r, blk * 16 + (0 if q4_k else 8 * (m // 2))]
+                s = rows_sc[r, u * 16 + (j if q4_k else 2 * j + m // 2)]
                 i = (blk * (1 if q4_k else 4) + m) * 16 + 2 * r
                 sc[i] = s
                 sc[i + 1] = s
@@ -335,7 +332,7 @@ def gemm_q8k(fmt, w, xq, xd, xs, n_tok, out, rows_per_task):  # pragma: no cover
     per_blk = 1 if fmt == Q4_K else 4  # scale vectors per 32 values
     for task in prange(-(-n_rows // rpt)):
         r_codes = np.empty((R, k), np.uint8)
-        r_sc16 = np.empty((R, k // 2), np.int16)
+        r_sc = np.empty((R, k // 16), np.int16)
         r_dw = np.empty((R, units), np.float32)
         r_mf = np.empty((R, k // 16), np.float32)
         codes = np.empty((k // 4, R), np.uint32)
@@ -344,8 +341,8 @@ def gemm_q8k(fmt, w, xq, xd, xs, n_tok, out, rows_per_task):  # pragma: no cover
         mf = np.empty((units, 16, R), np.float32)
         tail = np.empty((n_tok, R), np.float32)
         for r0 in range(task * rpt, min(n_rows, task * rpt + rpt), R):
-            unpack_rows(fmt, w, r0, r_codes, r_sc16, r_dw, r_mf)
-            tile_rows(fmt, r_codes, r_sc16, r_dw, r_mf, codes, sc, dw, mf)
+            unpack_rows(fmt, w, r0, r_codes, r_sc, r_dw, r_mf)
+            tile_rows(fmt, r_codes, r_sc, r_dw, r_mf, codes, sc, dw, mf)
             whole = r0 + R <= n_rows
             dst = out[0:, r0:].ctypes.data if whole else tail.ctypes.data
             stride = out.strides[0] if whole else tail.strides[0]

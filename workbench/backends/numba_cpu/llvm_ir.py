@@ -7,6 +7,7 @@ The format decoders built from these live in :mod:`.simd`; the kernels of the ``
 
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba.core import cgutils
 
@@ -19,6 +20,11 @@ F32, HALF = ir.FloatType(), ir.HalfType()
 # same bits, and the hot loops keep their instructions (docs/backend-cpu.md#float-sums-in-the-order-written).
 FAST = ("nnan", "ninf", "nsz", "contract")
 PREFETCH_AHEAD = 1024  # bytes of the weight stream to prefetch ahead of the block being read
+
+
+def host_has(feature: str) -> bool:
+    """Whether LLVM's host features include ``feature`` (e.g. ``avx2``, ``avx512bw``, ``avx512vnni``)."""
+    return f"+{feature}" in llvm.get_host_cpu_features().flatten().split(",")
 
 
 def vt(t: ir.Type, n: int) -> ir.VectorType:

@@ -3,7 +3,7 @@ projections table): up to ``gemv_max_rows`` rows the one-row decode kernels for 
 ``batch_rows`` rows the batched kernels (each weight block decoded once per 8 rows); more rows a BLAS GEMM on
 the weights dequantized to float32 (kept in the backend's dense cache while they fit in ``dense_cache_mib``,
 else tile by tile), or with ``prefill_gemm`` int8 the Q4_K and Q6_K_I8 weights by the integer GEMM of
-:mod:`.gemm_kquant_int8` (activations as int8 per 256 values, llama.cpp's numerics for these formats)."""
+:mod:`.gemm_kquant_int8` (activations as int8 per 256 values, one scale each, as llama.cpp's Q8_K)."""
 
 from __future__ import annotations
 
